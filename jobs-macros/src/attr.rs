@@ -1,0 +1,260 @@
+//! Parsing of the `#[job(...)]` attribute into typed settings.
+
+use proc_macro2::Span;
+use syn::spanned::Spanned;
+use syn::{Attribute, Expr, ExprArray, ExprLit, Lit, LitBool, LitInt, LitStr};
+
+use crate::duration::parse_millis;
+
+/// A duration setting in whole milliseconds.
+pub(crate) struct Millis {
+    pub value: u64,
+}
+
+/// The lease setting.
+pub(crate) enum Lease {
+    Heartbeat(Millis),
+    Transaction,
+}
+
+/// Everything the attribute said, each with the token it came from.
+#[derive(Default)]
+pub(crate) struct JobAttr {
+    pub kind: Option<LitStr>,
+    pub key: Vec<LitStr>,
+    pub key_span: Option<Span>,
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<Millis>,
+    pub max_backoff: Option<Millis>,
+    pub lease: Option<Lease>,
+    pub cancel_on_lease_loss: Option<bool>,
+    pub timeout: Option<Millis>,
+    pub concurrency: Option<u32>,
+    pub retain: Option<Millis>,
+    pub every: Option<Millis>,
+    pub every_span: Option<Span>,
+}
+
+const KIND: &str = "kind";
+const KEY: &str = "key";
+const MAX_ATTEMPTS: &str = "max_attempts";
+const BACKOFF: &str = "backoff";
+const MAX_BACKOFF: &str = "max_backoff";
+const LEASE: &str = "lease";
+const CANCEL_ON_LEASE_LOSS: &str = "cancel_on_lease_loss";
+const TIMEOUT: &str = "timeout";
+const CONCURRENCY: &str = "concurrency";
+const RETAIN: &str = "retain";
+const EVERY: &str = "every";
+
+const KEYS: &[&str] = &[
+    KIND,
+    KEY,
+    MAX_ATTEMPTS,
+    BACKOFF,
+    MAX_BACKOFF,
+    LEASE,
+    CANCEL_ON_LEASE_LOSS,
+    TIMEOUT,
+    CONCURRENCY,
+    RETAIN,
+    EVERY,
+];
+
+/// Collects errors so that one compile shows every mistake.
+#[derive(Default)]
+pub(crate) struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub fn push(&mut self, e: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(e),
+            None => self.0 = Some(e),
+        }
+    }
+    pub fn finish(self) -> Result<(), syn::Error> {
+        self.0.map_or(Ok(()), Err)
+    }
+}
+
+/// Reads every `#[job(...)]` attribute of the item.
+pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
+    let mut out = JobAttr::default();
+    let mut seen: Vec<String> = Vec::new();
+    for attr in attrs.iter().filter(|a| a.path().is_ident("job")) {
+        let result = attr.parse_nested_meta(|meta| {
+            let Some(ident) = meta.path.get_ident().map(ToString::to_string) else {
+                return Err(meta.error(unknown_key_message("?")));
+            };
+            if !KEYS.contains(&ident.as_str()) {
+                // Consume a value, if any, so that parsing continues to the next key.
+                if meta.input.peek(syn::Token![=]) {
+                    let _: Expr = meta.value()?.parse()?;
+                }
+                errors.push(meta.error(unknown_key_message(&ident)));
+                return Ok(());
+            }
+            if seen.contains(&ident) {
+                errors.push(meta.error(format!("duplicate job attribute `{ident}`")));
+            }
+            seen.push(ident.clone());
+            let value: Expr = meta.value()?.parse()?;
+            match ident.as_str() {
+                // #[job(kind = "session.delete")]
+                KIND => match string(&value, "kind = \"session.delete\"") {
+                    Ok(lit) if lit.value().is_empty() => errors.push(syn::Error::new(
+                        lit.span(),
+                        "the job kind must not be empty",
+                    )),
+                    Ok(lit) if lit.value().contains('\0') => errors.push(syn::Error::new(
+                        lit.span(),
+                        "the job kind must not contain a NUL character",
+                    )),
+                    Ok(lit) => out.kind = Some(lit),
+                    Err(e) => errors.push(e),
+                },
+                // #[job(key = "session_id")] or #[job(key = ["tenant", "session_id"])]
+                KEY => {
+                    out.key_span = Some(value.span());
+                    match key_fields(&value) {
+                        Ok(fields) => out.key = fields,
+                        Err(e) => errors.push(e),
+                    }
+                }
+                // #[job(max_attempts = 5)]
+                MAX_ATTEMPTS => match positive(&value, "max_attempts = 5") {
+                    Ok(n) => out.max_attempts = Some(n),
+                    Err(e) => errors.push(e),
+                },
+                // #[job(backoff = "1s")]
+                BACKOFF => out.backoff = duration(&value, BACKOFF, errors),
+                // #[job(max_backoff = "1h")]
+                MAX_BACKOFF => out.max_backoff = duration(&value, MAX_BACKOFF, errors),
+                // #[job(lease = "30s")] or #[job(lease = "transaction")]
+                LEASE => match string(&value, "lease = \"30s\" or lease = \"transaction\"") {
+                    Ok(lit) if lit.value() == "transaction" => out.lease = Some(Lease::Transaction),
+                    Ok(_) => {
+                        out.lease = duration(&value, LEASE, errors).map(Lease::Heartbeat);
+                    }
+                    Err(e) => errors.push(e),
+                },
+                // #[job(cancel_on_lease_loss = false)]
+                CANCEL_ON_LEASE_LOSS => match &value {
+                    Expr::Lit(ExprLit {
+                        lit: Lit::Bool(LitBool { value, .. }),
+                        ..
+                    }) => out.cancel_on_lease_loss = Some(*value),
+                    other => errors.push(syn::Error::new_spanned(
+                        other,
+                        "expected `true` or `false`: cancel_on_lease_loss = false",
+                    )),
+                },
+                // #[job(timeout = "5m")]
+                TIMEOUT => out.timeout = duration(&value, TIMEOUT, errors),
+                // #[job(concurrency = 4)]
+                CONCURRENCY => match positive(&value, "concurrency = 4") {
+                    Ok(n) => out.concurrency = Some(n),
+                    Err(e) => errors.push(e),
+                },
+                // #[job(retain = "7d")]
+                RETAIN => out.retain = duration(&value, RETAIN, errors),
+                // #[job(every = "10m")]
+                EVERY => {
+                    out.every_span = Some(value.span());
+                    out.every = duration(&value, EVERY, errors);
+                }
+                _ => unreachable!("every key in KEYS has an arm"),
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            errors.push(e);
+        }
+    }
+    out
+}
+
+fn unknown_key_message(key: &str) -> String {
+    format!(
+        "unknown job attribute `{key}`; expected one of: {}",
+        KEYS.join(", ")
+    )
+}
+
+fn string(value: &Expr, example: &str) -> syn::Result<LitStr> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Ok(s.clone()),
+        other => Err(syn::Error::new_spanned(
+            other,
+            format!("expected a string literal: {example}"),
+        )),
+    }
+}
+
+fn positive(value: &Expr, example: &str) -> syn::Result<u32> {
+    let err = || {
+        syn::Error::new_spanned(
+            value,
+            format!("expected a whole number of at least 1: {example}"),
+        )
+    };
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(n), ..
+        }) => match parse_int(n) {
+            Some(v) if v >= 1 => Ok(v),
+            _ => Err(err()),
+        },
+        _ => Err(err()),
+    }
+}
+
+fn parse_int(n: &LitInt) -> Option<u32> {
+    n.base10_parse::<u32>().ok()
+}
+
+fn duration(value: &Expr, key: &str, errors: &mut Errors) -> Option<Millis> {
+    let example = format!("{key} = \"30s\"");
+    match string(value, &example) {
+        Ok(lit) => match parse_millis(&lit.value()) {
+            Ok(0) if key != "every" => Some(Millis { value: 0 }),
+            Ok(0) => {
+                errors.push(syn::Error::new(
+                    lit.span(),
+                    "the period must be longer than zero",
+                ));
+                None
+            }
+            Ok(value) => Some(Millis { value }),
+            Err(msg) => {
+                errors.push(syn::Error::new(lit.span(), msg));
+                None
+            }
+        },
+        Err(e) => {
+            errors.push(e);
+            None
+        }
+    }
+}
+
+fn key_fields(value: &Expr) -> syn::Result<Vec<LitStr>> {
+    const EXAMPLE: &str = "expected a field name or a list of them: key = \"session_id\" or key = [\"tenant\", \"session_id\"]";
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Ok(vec![s.clone()]),
+        Expr::Array(ExprArray { elems, .. }) if !elems.is_empty() => elems
+            .iter()
+            .map(|e| match e {
+                Expr::Lit(ExprLit {
+                    lit: Lit::Str(s), ..
+                }) => Ok(s.clone()),
+                other => Err(syn::Error::new_spanned(other, EXAMPLE)),
+            })
+            .collect(),
+        other => Err(syn::Error::new_spanned(other, EXAMPLE)),
+    }
+}

@@ -1,0 +1,188 @@
+//! `#[derive(Job)]`: validation and expansion.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::{Data, DeriveInput, Fields};
+
+use crate::attr::{self, Errors, JobAttr, Lease};
+
+pub(crate) fn expand(input: &DeriveInput) -> TokenStream {
+    let mut errors = Errors::default();
+    let attr = attr::parse(&input.attrs, &mut errors);
+    let key_fields = validate(input, &attr, &mut errors);
+    match errors.finish() {
+        Ok(()) => expand_impl(input, &attr, &key_fields),
+        Err(e) => fallback(input, e),
+    }
+}
+
+/// Checks what parsing alone cannot: a kind is given, key fields exist, no generics.
+fn validate(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) -> Vec<syn::Ident> {
+    if attr.kind.is_none() {
+        errors.push(syn::Error::new_spanned(
+            &input.ident,
+            "missing job kind: add #[job(kind = \"session.delete\")]",
+        ));
+    }
+    if !input.generics.params.is_empty() {
+        errors.push(syn::Error::new_spanned(
+            &input.generics,
+            "a job type cannot be generic: its kind names one concrete type",
+        ));
+    }
+    if let (Some(span), false) = (attr.every_span, attr.key.is_empty()) {
+        errors.push(syn::Error::new(
+            span,
+            "a periodic job (`every`) cannot have a `key`: the runtime keeps one live job of the kind",
+        ));
+    }
+    let mut found = Vec::new();
+    if attr.key.is_empty() {
+        return found;
+    }
+    let named = match &input.data {
+        Data::Struct(s) => match &s.fields {
+            Fields::Named(named) => Some(named),
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(named) = named else {
+        errors.push(syn::Error::new(
+            attr.key_span.unwrap_or_else(Span::call_site),
+            "`key` names fields, so it needs a struct with named fields",
+        ));
+        return found;
+    };
+    for lit in &attr.key {
+        let name = lit.value();
+        match named
+            .named
+            .iter()
+            .filter_map(|f| f.ident.as_ref())
+            .find(|ident| *ident == name.as_str())
+        {
+            Some(ident) => found.push(ident.clone()),
+            None => errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`key` names no field: `{}` has no field `{name}`",
+                    input.ident
+                ),
+            )),
+        }
+    }
+    found
+}
+
+fn millis(ms: u64) -> TokenStream {
+    quote!(::core::time::Duration::from_millis(#ms))
+}
+
+fn expand_impl(input: &DeriveInput, attr: &JobAttr, key_fields: &[syn::Ident]) -> TokenStream {
+    let ident = &input.ident;
+    let kind = attr.kind.as_ref().expect("validated: kind is present");
+
+    let mut config = quote!(::jobs::JobConfig::DEFAULT);
+    if let Some(n) = attr.max_attempts {
+        config = quote!(#config.with_max_attempts(#n));
+    }
+    if let Some(d) = &attr.backoff {
+        let d = millis(d.value);
+        config = quote!(#config.with_backoff(#d));
+    }
+    if let Some(d) = &attr.max_backoff {
+        let d = millis(d.value);
+        config = quote!(#config.with_max_backoff(#d));
+    }
+    match &attr.lease {
+        Some(Lease::Heartbeat(d)) => {
+            let d = millis(d.value);
+            config = quote!(#config.with_lease(::jobs::Lease::Heartbeat(#d)));
+        }
+        Some(Lease::Transaction) => {
+            config = quote!(#config.with_lease(::jobs::Lease::Transaction));
+        }
+        None => {}
+    }
+    if let Some(b) = attr.cancel_on_lease_loss {
+        config = quote!(#config.with_cancel_on_lease_loss(#b));
+    }
+    if let Some(d) = &attr.timeout {
+        let d = millis(d.value);
+        config = quote!(#config.with_timeout(#d));
+    }
+    if let Some(n) = attr.concurrency {
+        config = quote!(#config.with_concurrency(#n));
+    }
+    if let Some(d) = &attr.retain {
+        let d = millis(d.value);
+        config = quote!(#config.with_retain(#d));
+    }
+    if let Some(d) = &attr.every {
+        let d = millis(d.value);
+        config = quote!(#config.with_every(#d));
+    }
+
+    let key_body = match key_fields {
+        [] => quote!(::core::option::Option::None),
+        [one] => quote!(::jobs::KeyPart::key_part(&self.#one)),
+        many => quote! {
+            ::jobs::__private::join_key_parts(&[
+                #(::jobs::KeyPart::key_part(&self.#many)),*
+            ])
+        },
+    };
+
+    let periodic = attr.every_span.map(|span| {
+        quote_spanned! {span=>
+            fn periodic_instance() -> ::core::option::Option<Self> {
+                ::core::option::Option::Some(<Self as ::core::default::Default>::default())
+            }
+        }
+    });
+
+    quote! {
+        #[automatically_derived]
+        impl ::jobs::Job for #ident {
+            const KIND: &'static str = #kind;
+            const CONFIG: ::jobs::JobConfig = #config;
+
+            fn key(&self) -> ::core::option::Option<::std::string::String> {
+                #key_body
+            }
+
+            #periodic
+        }
+
+        const _: () = {
+            ::jobs::__private::inventory::submit! {
+                ::jobs::__private::KindInfo::of::<#ident>(
+                    ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#ident)),
+                )
+            }
+        };
+    }
+}
+
+/// The errors, plus an impl of the trait with placeholder values, so that one mistake
+/// in the attribute does not also show up as "`Job` is not implemented" everywhere the
+/// type is used.
+fn fallback(input: &DeriveInput, errors: syn::Error) -> TokenStream {
+    let errors = errors.to_compile_error();
+    if !input.generics.params.is_empty() {
+        return errors;
+    }
+    let ident = &input.ident;
+    quote! {
+        #errors
+        #[automatically_derived]
+        impl ::jobs::Job for #ident {
+            const KIND: &'static str = "";
+            const CONFIG: ::jobs::JobConfig = ::jobs::JobConfig::DEFAULT;
+            fn key(&self) -> ::core::option::Option<::std::string::String> {
+                ::core::unimplemented!()
+            }
+        }
+    }
+}

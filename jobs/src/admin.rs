@@ -1,0 +1,1 @@
+//! Operators' view of the job table: list, inspect, retry, cancel, discard, count.

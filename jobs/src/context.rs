@@ -1,0 +1,349 @@
+//! What a handler sees: [`JobContext`] and the [`JobError`] it returns.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use tokio::sync::{Mutex, MutexGuard, watch};
+use uuid::Uuid;
+
+use crate::job::JobConfig;
+use crate::runtime::completer;
+
+/// The running job's identity, its claim, and the database, handed to every handler.
+///
+/// Cheap to clone. In the default (heartbeat) lease mode, write results through
+/// [`fenced_tx`](Self::fenced_tx) so that a late result from a lost claim is refused; in
+/// transaction mode (`lease = "transaction"`), write through [`tx`](Self::tx).
+#[derive(Clone)]
+pub struct JobContext {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub id: i64,
+    pub kind: &'static str,
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub token: Uuid,
+    pub config: JobConfig,
+    pub pool: PgPool,
+    pub lost: watch::Receiver<bool>,
+    /// A fenced transaction holds the row lock: the heartbeat leaves the claim alone.
+    pub fenced: AtomicBool,
+    /// A fenced transaction committed the completion: the runtime writes nothing more.
+    pub completed: AtomicBool,
+    /// Transaction mode: the claim's transaction, lent to the handler.
+    pub tx: Option<Mutex<Option<Transaction<'static, Postgres>>>>,
+}
+
+impl fmt::Debug for JobContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobContext")
+            .field("id", &self.inner.id)
+            .field("kind", &self.inner.kind)
+            .field("attempt", &self.inner.attempt)
+            .field("token", &self.inner.token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JobContext {
+    /// The job's id (the `id` column).
+    pub fn id(&self) -> i64 {
+        self.inner.id
+    }
+
+    /// The job's kind.
+    pub fn kind(&self) -> &'static str {
+        self.inner.kind
+    }
+
+    /// Which attempt this is, counting from 1.
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+
+    /// The kind's maximum attempts.
+    pub fn max_attempts(&self) -> u32 {
+        self.inner.max_attempts
+    }
+
+    /// The current claim's token (the `claimed_by` column).
+    pub fn claim_token(&self) -> Uuid {
+        self.inner.token
+    }
+
+    /// The pool the runtime claims from.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// Whether the claim is known to be lost: its lease expired or another runtime took
+    /// the job over. A handler that keeps running past this must not write results
+    /// except through [`fenced_tx`](Self::fenced_tx), which will refuse them.
+    pub fn is_lease_lost(&self) -> bool {
+        *self.inner.lost.borrow()
+    }
+
+    /// Resolves when the claim is lost; never resolves while it is held.
+    pub async fn lease_lost(&self) {
+        let mut rx = self.inner.lost.clone();
+        if rx.wait_for(|lost| *lost).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Opens a transaction that has verified and locked this claim.
+    ///
+    /// Write the job's results through it (`&mut *tx` is a `PgConnection`), then call
+    /// [`FencedTx::commit`]: the results and the job's completion commit together, or
+    /// neither does. If the claim is no longer this handler's (the lease expired and the
+    /// job was taken over, or it was completed already), this returns a lease-lost error
+    /// and nothing is written. Keep the transaction short: while it is open it holds the
+    /// job's row lock, and the runtime does not renew the lease.
+    pub async fn fenced_tx(&self) -> Result<FencedTx, JobError> {
+        if self.inner.tx.is_some() {
+            return Err(JobError::permanent(
+                "fenced_tx() is for kinds with a heartbeat lease; in transaction mode use ctx.tx()",
+            ));
+        }
+        if self.inner.completed.load(Ordering::Acquire) {
+            return Err(JobError::lease_lost());
+        }
+        if self.inner.fenced.swap(true, Ordering::AcqRel) {
+            return Err(JobError::permanent(
+                "a fenced transaction of this job is already open",
+            ));
+        }
+        let guard = FenceFlag(self.clone());
+        let mut tx = self.inner.pool.begin().await?;
+        let locked: Option<(i64,)> = sqlx::query_as(crate::sql::FENCE)
+            .bind(self.inner.id)
+            .bind(self.inner.token)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if locked.is_none() {
+            return Err(JobError::lease_lost());
+        }
+        Ok(FencedTx {
+            tx: Some(tx),
+            flag: guard,
+        })
+    }
+
+    /// The claim's own transaction, in transaction mode (`lease = "transaction"`).
+    ///
+    /// Everything written through it commits together with the job's completion, or is
+    /// rolled back with the attempt if the handler fails. Lock it, use it, and let the
+    /// guard go before the handler returns.
+    pub async fn tx(&self) -> Result<TxGuard<'_>, JobError> {
+        let Some(slot) = &self.inner.tx else {
+            return Err(JobError::permanent(
+                "tx() is for kinds with lease = \"transaction\"; with a heartbeat lease use ctx.fenced_tx()",
+            ));
+        };
+        let guard = slot.lock().await;
+        if guard.is_none() {
+            return Err(JobError::permanent(
+                "the job's transaction is over: the handler has returned",
+            ));
+        }
+        Ok(TxGuard { guard })
+    }
+}
+
+/// Clears the "fenced transaction open" flag when the transaction ends.
+struct FenceFlag(JobContext);
+
+impl Drop for FenceFlag {
+    fn drop(&mut self) {
+        self.0.inner.fenced.store(false, Ordering::Release);
+    }
+}
+
+/// A transaction that holds this job's claim; see [`JobContext::fenced_tx`].
+///
+/// Dropped without [`commit`](Self::commit), it rolls back.
+pub struct FencedTx {
+    tx: Option<Transaction<'static, Postgres>>,
+    flag: FenceFlag,
+}
+
+impl fmt::Debug for FencedTx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FencedTx")
+            .field("job", &self.flag.0)
+            .finish()
+    }
+}
+
+impl FencedTx {
+    /// Completes the job inside the transaction and commits both.
+    ///
+    /// Fails with a lease-lost error (and writes nothing) if the claim is gone.
+    pub async fn commit(mut self) -> Result<(), JobError> {
+        let ctx = self.flag.0.clone();
+        let mut tx = self
+            .tx
+            .take()
+            .expect("a FencedTx holds its transaction until commit");
+        let done = completer::complete_one(&mut tx, &ctx.inner).await?;
+        if !done {
+            return Err(JobError::lease_lost());
+        }
+        tx.commit().await?;
+        ctx.inner.completed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Rolls the transaction back; the job stays claimed by this handler.
+    pub async fn rollback(mut self) -> Result<(), JobError> {
+        if let Some(tx) = self.tx.take() {
+            tx.rollback().await?;
+        }
+        Ok(())
+    }
+}
+
+impl Deref for FencedTx {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        self.tx
+            .as_deref()
+            .expect("a FencedTx holds its transaction until commit")
+    }
+}
+
+impl DerefMut for FencedTx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.tx
+            .as_deref_mut()
+            .expect("a FencedTx holds its transaction until commit")
+    }
+}
+
+/// The claim's transaction in transaction mode, lent to the handler; see [`JobContext::tx`].
+pub struct TxGuard<'a> {
+    guard: MutexGuard<'a, Option<Transaction<'static, Postgres>>>,
+}
+
+impl fmt::Debug for TxGuard<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TxGuard")
+    }
+}
+
+impl Deref for TxGuard<'_> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        self.guard
+            .as_deref()
+            .expect("checked when the guard was made")
+    }
+}
+
+impl DerefMut for TxGuard<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.guard
+            .as_deref_mut()
+            .expect("checked when the guard was made")
+    }
+}
+
+/// How a handler says that its attempt did not succeed.
+///
+/// Any error type converts into a retryable failure, so `?` works in handlers:
+/// the job is retried after a backoff until it runs out of attempts. The constructors
+/// say something else: fail for good, snooze, or report a lost lease.
+pub struct JobError {
+    pub(crate) kind: JobErrorKind,
+}
+
+#[derive(Debug)]
+pub(crate) enum JobErrorKind {
+    Retry(String),
+    Permanent(String),
+    Snooze(Duration),
+    LeaseLost,
+}
+
+impl JobError {
+    /// A failure to retry after a backoff (what `?` gives).
+    pub fn retry(message: impl fmt::Display) -> Self {
+        JobError {
+            kind: JobErrorKind::Retry(message.to_string()),
+        }
+    }
+
+    /// A failure not worth retrying: the job becomes `failed` at once.
+    pub fn permanent(message: impl fmt::Display) -> Self {
+        JobError {
+            kind: JobErrorKind::Permanent(message.to_string()),
+        }
+    }
+
+    /// Not a failure: run the job again after `delay`, without spending an attempt.
+    pub fn snooze(delay: Duration) -> Self {
+        JobError {
+            kind: JobErrorKind::Snooze(delay),
+        }
+    }
+
+    /// The claim was lost; the runtime writes nothing for this attempt.
+    pub fn lease_lost() -> Self {
+        JobError {
+            kind: JobErrorKind::LeaseLost,
+        }
+    }
+
+    /// Whether this reports a lost claim.
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self.kind, JobErrorKind::LeaseLost)
+    }
+
+    /// Whether this fails the job for good.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self.kind, JobErrorKind::Permanent(_))
+    }
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            JobErrorKind::Retry(m) => f.write_str(m),
+            JobErrorKind::Permanent(m) => write!(f, "permanent failure: {m}"),
+            JobErrorKind::Snooze(d) => write!(f, "snoozed for {d:?}"),
+            JobErrorKind::LeaseLost => f.write_str("the job's lease was lost"),
+        }
+    }
+}
+
+impl fmt::Debug for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("JobError").field(&self.kind).finish()
+    }
+}
+
+impl<E> From<E> for JobError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    fn from(error: E) -> Self {
+        // The message with its chain of sources: "outer: inner: root".
+        let mut message = error.to_string();
+        let mut source = error.source();
+        while let Some(s) = source {
+            let text = s.to_string();
+            if !message.ends_with(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            source = s.source();
+        }
+        JobError::retry(message)
+    }
+}

@@ -1,0 +1,281 @@
+//! Enqueue: one job, or many in one round trip, with coalescing per key.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::job::Job;
+use crate::sql;
+
+/// What an enqueue did with the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// A new row was inserted.
+    Inserted,
+    /// The key already had a pending job: it now carries this payload and this run-after.
+    Coalesced,
+    /// The key's job is running: it is marked to run once more (with this payload, at
+    /// this run-after) when its current claim ends.
+    RerunMarked,
+}
+
+/// The result of an enqueue: the job's id and what happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The id of the row that now stands for the job.
+    pub id: i64,
+    /// Whether the row is new or an existing live job of the same key.
+    pub outcome: EnqueueOutcome,
+}
+
+impl Enqueued {
+    /// Whether a new row was inserted.
+    pub fn inserted(&self) -> bool {
+        self.outcome == EnqueueOutcome::Inserted
+    }
+}
+
+/// One job ready to be written: kind, key, payload text and settings.
+#[derive(Debug, Clone)]
+pub(crate) struct NewJob {
+    pub kind: &'static str,
+    pub key: Option<String>,
+    pub payload: String,
+    pub max_attempts: i32,
+    pub delay_ms: i64,
+}
+
+impl NewJob {
+    pub(crate) fn new<J: Job>(job: &J, delay: Duration) -> Result<Self, Error> {
+        let payload = serde_json::to_string(job).map_err(|source| Error::Serialize {
+            kind: J::KIND,
+            source,
+        })?;
+        let key = job.key();
+        check_text("kind", J::KIND, J::KIND)?;
+        if let Some(key) = &key {
+            check_text("key", J::KIND, key)?;
+        }
+        // jsonb rejects the escaped NUL character that JSON itself allows.
+        if payload.contains("\\u0000") {
+            return Err(Error::InvalidInput(format!(
+                "the payload of a job of kind `{}` contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store",
+                J::KIND
+            )));
+        }
+        Ok(NewJob {
+            kind: J::KIND,
+            key,
+            payload,
+            max_attempts: i32::try_from(J::CONFIG.max_attempts).unwrap_or(i32::MAX),
+            delay_ms: millis(delay),
+        })
+    }
+}
+
+fn check_text(what: &str, kind: &str, text: &str) -> Result<(), Error> {
+    if text.contains('\0') {
+        return Err(Error::InvalidInput(format!(
+            "the {what} of a job of kind `{kind}` contains a NUL character, which PostgreSQL text cannot store"
+        )));
+    }
+    Ok(())
+}
+
+/// A duration in whole milliseconds for SQL, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn outcome(inserted: bool, state: &str) -> EnqueueOutcome {
+    match (inserted, state) {
+        (true, _) => EnqueueOutcome::Inserted,
+        (false, "running") => EnqueueOutcome::RerunMarked,
+        _ => EnqueueOutcome::Coalesced,
+    }
+}
+
+pub(crate) async fn insert_one<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    job: NewJob,
+) -> Result<Enqueued, Error> {
+    let (id, inserted, state): (i64, bool, String) = sqlx::query_as(sql::ENQUEUE_ONE)
+        .bind(job.kind)
+        .bind(job.key)
+        .bind(job.payload)
+        .bind(job.max_attempts)
+        .bind(job.delay_ms)
+        .fetch_one(executor)
+        .await?;
+    Ok(Enqueued {
+        id,
+        outcome: outcome(inserted, &state),
+    })
+}
+
+/// Many jobs, of one kind or several, enqueued in one statement and one round trip.
+///
+/// Jobs of one key in the same batch are merged before they are written: the last one
+/// pushed wins (its payload and run-after), and every one of them reports the same id.
+/// The batch sends at most one wake-up notification per kind.
+///
+/// ```no_run
+/// # use jobs::{Job, EnqueueBatch};
+/// # #[derive(Job, serde::Serialize, serde::Deserialize)]
+/// # #[job(kind = "mail.send")]
+/// # struct SendMail { to: String }
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), jobs::Error> {
+/// let mut batch = EnqueueBatch::new();
+/// for to in ["a@example.com", "b@example.com"] {
+///     batch.push(&SendMail { to: to.into() })?;
+/// }
+/// let results = batch.enqueue(&pool).await?;
+/// assert_eq!(results.len(), 2);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Default, Clone)]
+pub struct EnqueueBatch {
+    jobs: Vec<NewJob>,
+}
+
+impl EnqueueBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a job, claimable now. Fails only if the job cannot be serialized or stored.
+    pub fn push<J: Job>(&mut self, job: &J) -> Result<&mut Self, Error> {
+        self.push_in(job, Duration::ZERO)
+    }
+
+    /// Adds a job, claimable after `delay` on the database's clock.
+    pub fn push_in<J: Job>(&mut self, job: &J, delay: Duration) -> Result<&mut Self, Error> {
+        self.jobs.push(NewJob::new(job, delay)?);
+        Ok(self)
+    }
+
+    /// How many jobs were pushed.
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Whether no job was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    /// Writes every job in one statement; the results are in the order of the pushes.
+    pub async fn enqueue<'e, E: sqlx::PgExecutor<'e>>(
+        self,
+        executor: E,
+    ) -> Result<Vec<Enqueued>, Error> {
+        insert_many(executor, self.jobs).await
+    }
+}
+
+/// Enqueues every job of an iterator in one round trip; see [`EnqueueBatch`].
+pub async fn enqueue_all<'e, 'j, J, E>(
+    executor: E,
+    jobs: impl IntoIterator<Item = &'j J>,
+) -> Result<Vec<Enqueued>, Error>
+where
+    J: Job,
+    E: sqlx::PgExecutor<'e>,
+{
+    let mut batch = EnqueueBatch::new();
+    for job in jobs {
+        batch.push(job)?;
+    }
+    batch.enqueue(executor).await
+}
+
+async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    jobs: Vec<NewJob>,
+) -> Result<Vec<Enqueued>, Error> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Merge jobs of one (kind, key): a statement that meets one key twice fails with
+    // "ON CONFLICT DO UPDATE command cannot affect row a second time".
+    // `slot[i]` is the row that input i is written as.
+    let mut rows: Vec<NewJob> = Vec::with_capacity(jobs.len());
+    let mut slot = Vec::with_capacity(jobs.len());
+    let mut by_key: HashMap<(&'static str, String), usize> = HashMap::new();
+    for job in jobs {
+        match job.key.clone() {
+            Some(key) => match by_key.get(&(job.kind, key.clone())) {
+                Some(&at) => {
+                    rows[at] = job;
+                    slot.push(at);
+                }
+                None => {
+                    by_key.insert((job.kind, key), rows.len());
+                    slot.push(rows.len());
+                    rows.push(job);
+                }
+            },
+            None => {
+                slot.push(rows.len());
+                rows.push(job);
+            }
+        }
+    }
+
+    let n = rows.len();
+    let mut kinds = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    let mut payloads = Vec::with_capacity(n);
+    let mut max_attempts = Vec::with_capacity(n);
+    let mut delays = Vec::with_capacity(n);
+    for row in &rows {
+        kinds.push(row.kind);
+        keys.push(row.key.as_deref());
+        payloads.push(row.payload.as_str());
+        max_attempts.push(row.max_attempts);
+        delays.push(row.delay_ms);
+    }
+    let returned: Vec<(i32, i64, bool, String)> = sqlx::query_as(sql::ENQUEUE_MANY)
+        .bind(&kinds)
+        .bind(&keys)
+        .bind(&payloads)
+        .bind(&max_attempts)
+        .bind(&delays)
+        .fetch_all(executor)
+        .await?;
+
+    let mut per_row = vec![None; n];
+    for (ord, id, inserted, state) in returned {
+        let at = usize::try_from(ord - 1).map_err(|_| bad_ordinal(ord))?;
+        *per_row.get_mut(at).ok_or_else(|| bad_ordinal(ord))? = Some(Enqueued {
+            id,
+            outcome: outcome(inserted, &state),
+        });
+    }
+    // The input index that each row was last written from.
+    let mut last = vec![0; n];
+    for (i, &at) in slot.iter().enumerate() {
+        last[at] = i;
+    }
+    let mut results = Vec::with_capacity(slot.len());
+    for (i, &at) in slot.iter().enumerate() {
+        let mut result = per_row[at].ok_or_else(|| {
+            Error::Database(sqlx::Error::Protocol(format!(
+                "bulk enqueue returned no row for job {at}"
+            )))
+        })?;
+        // An earlier push that a later push of the same key replaced coalesced into it.
+        if i != last[at] {
+            result.outcome = EnqueueOutcome::Coalesced;
+        }
+        results.push(result);
+    }
+    Ok(results)
+}
+
+fn bad_ordinal(ord: i32) -> Error {
+    Error::Database(sqlx::Error::Protocol(format!(
+        "bulk enqueue returned an unknown ordinal {ord}"
+    )))
+}

@@ -1,0 +1,301 @@
+//! The [`Job`] trait and the per-kind settings that `#[derive(Job)]` fills in.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::enqueue::{self, Enqueued};
+use crate::error::Error;
+
+/// A type of background job: one kind string, an optional dedup key, and its settings.
+///
+/// Implement it with `#[derive(Job)]` and the `#[job(...)]` attribute; see the crate
+/// documentation for every key the attribute takes.
+///
+/// ```
+/// use jobs::Job;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Job, Serialize, Deserialize)]
+/// #[job(kind = "report.build", key = "report_id", max_attempts = 5, lease = "2m")]
+/// struct BuildReport {
+///     report_id: i64,
+/// }
+///
+/// assert_eq!(BuildReport::KIND, "report.build");
+/// assert_eq!(BuildReport { report_id: 7 }.key().as_deref(), Some("7"));
+/// assert_eq!(BuildReport::CONFIG.max_attempts, 5);
+/// ```
+pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The kind string stored in the `kind` column, e.g. `session.delete`.
+    const KIND: &'static str;
+
+    /// The kind's settings: attempts, backoff, lease, timeout, concurrency, retention, period.
+    const CONFIG: JobConfig;
+
+    /// The dedup key of this job, or `None` for a job without one.
+    ///
+    /// At most one job per `(kind, key)` is live (pending or running) at a time.
+    fn key(&self) -> Option<String>;
+
+    /// Builds the job that a periodic kind (`every = "..."`) keeps armed.
+    #[doc(hidden)]
+    fn periodic_instance() -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
+
+    /// Enqueues the job, claimable now.
+    ///
+    /// `executor` is a pool (`&pool`), a connection (`&mut *conn`) or a transaction
+    /// (`&mut *tx`): enqueued in a transaction, the job exists exactly when the
+    /// transaction commits. A job whose key already has a pending job coalesces into it;
+    /// one whose key's job is running marks that job for a re-run (see [`Enqueued`]).
+    fn enqueue<'e, E>(&self, executor: E) -> impl Future<Output = Result<Enqueued, Error>> + Send
+    where
+        E: sqlx::PgExecutor<'e>,
+        Self: Sized,
+    {
+        let row = enqueue::NewJob::new(self, Duration::ZERO);
+        async move { enqueue::insert_one(executor, row?).await }
+    }
+
+    /// Enqueues the job, claimable once `delay` has passed on the database's clock.
+    fn enqueue_in<'e, E>(
+        &self,
+        executor: E,
+        delay: Duration,
+    ) -> impl Future<Output = Result<Enqueued, Error>> + Send
+    where
+        E: sqlx::PgExecutor<'e>,
+        Self: Sized,
+    {
+        let row = enqueue::NewJob::new(self, delay);
+        async move { enqueue::insert_one(executor, row?).await }
+    }
+}
+
+/// How a kind holds its claim while the handler runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// A timestamp lease of this length, renewed by the runtime while the handler runs
+    /// (`lease = "30s"`). Delivery is at least once; fence result writes with
+    /// [`JobContext::fenced_tx`](crate::JobContext::fenced_tx).
+    Heartbeat(Duration),
+    /// The claim, the handler's writes and the completion are one transaction
+    /// (`lease = "transaction"`); the row lock is the lease. For short database-only steps.
+    Transaction,
+}
+
+/// The settings of one kind, written in the `#[job(...)]` attribute.
+///
+/// Built in constant context by the derive from [`JobConfig::DEFAULT`] and the `with_*`
+/// methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobConfig {
+    /// Claims after which a failing job is parked as `failed` (`max_attempts = 20`).
+    pub max_attempts: u32,
+    /// Base delay of the exponential backoff between attempts (`backoff = "1s"`).
+    pub backoff: Duration,
+    /// Cap of the backoff delay (`max_backoff = "1h"`).
+    pub max_backoff: Duration,
+    /// Lease length or transaction mode (`lease = "30s"`, `lease = "transaction"`).
+    pub lease: Lease,
+    /// Whether a handler whose lease is lost is cancelled at its next await point
+    /// (`cancel_on_lease_loss = false` opts out).
+    pub cancel_on_lease_loss: bool,
+    /// Time after which a running handler is cancelled and the attempt fails (`timeout = "5m"`).
+    pub timeout: Option<Duration>,
+    /// At most this many jobs of the kind run at once in one runtime (`concurrency = 4`).
+    pub concurrency: Option<u32>,
+    /// Keep done rows this long instead of deleting them on success (`retain = "7d"`).
+    pub retain: Option<Duration>,
+    /// Period of a periodic kind (`every = "10m"`): one live job across all replicas,
+    /// re-armed one period after each completion.
+    pub every: Option<Duration>,
+}
+
+impl JobConfig {
+    /// The settings of a kind whose attribute names only `kind`.
+    pub const DEFAULT: JobConfig = JobConfig {
+        max_attempts: 20,
+        backoff: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(3600),
+        lease: Lease::Heartbeat(Duration::from_secs(30)),
+        cancel_on_lease_loss: true,
+        timeout: None,
+        concurrency: None,
+        retain: None,
+        every: None,
+    };
+
+    /// Sets `max_attempts` (at least 1).
+    pub const fn with_max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = if n == 0 { 1 } else { n };
+        self
+    }
+    /// Sets the backoff base delay.
+    pub const fn with_backoff(mut self, d: Duration) -> Self {
+        self.backoff = d;
+        self
+    }
+    /// Sets the backoff cap.
+    pub const fn with_max_backoff(mut self, d: Duration) -> Self {
+        self.max_backoff = d;
+        self
+    }
+    /// Sets the lease mode.
+    pub const fn with_lease(mut self, lease: Lease) -> Self {
+        self.lease = lease;
+        self
+    }
+    /// Sets whether a lost lease cancels the handler.
+    pub const fn with_cancel_on_lease_loss(mut self, cancel: bool) -> Self {
+        self.cancel_on_lease_loss = cancel;
+        self
+    }
+    /// Sets the handler timeout.
+    pub const fn with_timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
+    }
+    /// Sets the per-runtime concurrency of the kind (at least 1).
+    pub const fn with_concurrency(mut self, n: u32) -> Self {
+        self.concurrency = Some(if n == 0 { 1 } else { n });
+        self
+    }
+    /// Keeps done rows for this long.
+    pub const fn with_retain(mut self, d: Duration) -> Self {
+        self.retain = Some(d);
+        self
+    }
+    /// Makes the kind periodic.
+    pub const fn with_every(mut self, d: Duration) -> Self {
+        self.every = Some(d);
+        self
+    }
+
+    /// The backoff delay before the next attempt after `attempts` claims, before jitter:
+    /// `backoff * 2^(attempts - 1)`, capped at `max_backoff`.
+    pub fn backoff_after(&self, attempts: u32) -> Duration {
+        let exp = attempts.saturating_sub(1).min(32);
+        self.backoff
+            .checked_mul(1u32 << exp.min(31))
+            .unwrap_or(self.max_backoff)
+            .min(self.max_backoff)
+    }
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// A value that can be (part of) a job's dedup key.
+///
+/// Implemented for strings, integers, `bool`, `char`, [`uuid::Uuid`], references, and
+/// `Option<T>` (where `None` means the job has no key). Implement it for your own
+/// identifier types to use them in `key = "..."`.
+pub trait KeyPart {
+    /// The key text of this value, or `None` for "no key".
+    fn key_part(&self) -> Option<String>;
+}
+
+macro_rules! key_part_display {
+    ($($t:ty),*) => {$(
+        impl KeyPart for $t {
+            fn key_part(&self) -> Option<String> {
+                Some(self.to_string())
+            }
+        }
+    )*};
+}
+key_part_display!(
+    String,
+    str,
+    bool,
+    char,
+    i8,
+    i16,
+    i32,
+    i64,
+    i128,
+    isize,
+    u8,
+    u16,
+    u32,
+    u64,
+    u128,
+    usize,
+    uuid::Uuid
+);
+
+impl<T: KeyPart + ?Sized> KeyPart for &T {
+    fn key_part(&self) -> Option<String> {
+        (**self).key_part()
+    }
+}
+
+impl<T: KeyPart> KeyPart for Option<T> {
+    fn key_part(&self) -> Option<String> {
+        self.as_ref().and_then(KeyPart::key_part)
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for Box<T> {
+    fn key_part(&self) -> Option<String> {
+        (**self).key_part()
+    }
+}
+
+/// Joins the parts of a key over several fields: `a:b`, with `\` and `:` inside a part
+/// escaped, so that different field values never give the same key. `None` if any part
+/// is `None`.
+pub(crate) fn join_key_parts(parts: &[Option<String>]) -> Option<String> {
+    let mut out = String::new();
+    for (i, part) in parts.iter().enumerate() {
+        let part = part.as_deref()?;
+        if i > 0 {
+            out.push(':');
+        }
+        for c in part.chars() {
+            if c == '\\' || c == ':' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let c = JobConfig::DEFAULT
+            .with_backoff(Duration::from_secs(2))
+            .with_max_backoff(Duration::from_secs(60));
+        assert_eq!(c.backoff_after(1), Duration::from_secs(2));
+        assert_eq!(c.backoff_after(2), Duration::from_secs(4));
+        assert_eq!(c.backoff_after(5), Duration::from_secs(32));
+        assert_eq!(c.backoff_after(6), Duration::from_secs(60));
+        assert_eq!(c.backoff_after(1000), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn multi_field_keys_do_not_collide() {
+        let a = join_key_parts(&[Some("a:b".into()), Some("c".into())]);
+        let b = join_key_parts(&[Some("a".into()), Some("b:c".into())]);
+        assert_ne!(a, b);
+        assert_eq!(a.as_deref(), Some("a\\:b:c"));
+        assert_eq!(join_key_parts(&[Some("x".into()), None]), None);
+    }
+}

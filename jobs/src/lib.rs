@@ -1,0 +1,33 @@
+#![doc = include_str!("../../README.md")]
+#![forbid(unsafe_code)]
+
+pub mod admin;
+mod context;
+mod enqueue;
+mod error;
+mod job;
+mod migrate;
+mod registry;
+mod runtime;
+mod sql;
+
+pub use context::{FencedTx, JobContext, JobError, TxGuard};
+pub use enqueue::{EnqueueBatch, EnqueueOutcome, Enqueued, enqueue_all};
+pub use error::Error;
+pub use job::{Job, JobConfig, KeyPart, Lease};
+pub use jobs_macros::{Job, handler};
+pub use migrate::{MIGRATIONS_TABLE, MIGRATOR, migrate};
+pub use runtime::{Runtime, run};
+
+/// Not public API: used by the code that `#[derive(Job)]` and `#[jobs::handler]`
+/// generate. May change in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::registry::{HandlerFuture, HandlerInfo, HandlerInput, KindInfo, dispatch};
+    pub use inventory;
+
+    /// Joins the parts of a key over several fields.
+    pub fn join_key_parts(parts: &[Option<String>]) -> Option<String> {
+        crate::job::join_key_parts(parts)
+    }
+}

@@ -1,0 +1,92 @@
+//! The heartbeat: renews the leases of running handlers, and tells a handler when its
+//! claim is lost.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use super::Shared;
+use crate::enqueue::millis;
+use crate::sql;
+
+/// Renews every held claim in one statement, three times per (shortest) lease.
+pub(super) async fn run(shared: Arc<Shared>) {
+    let shortest = shared
+        .handlers
+        .values()
+        .filter_map(|h| Shared::lease_of(h))
+        .min();
+    let Some(shortest) = shortest else {
+        return; // only transaction-mode kinds: the row lock is the lease
+    };
+    let tick = (shortest / 3).max(Duration::from_millis(20));
+    loop {
+        tokio::time::sleep(tick).await;
+        let mut ids = Vec::new();
+        let mut tokens: Vec<Uuid> = Vec::new();
+        let mut leases = Vec::new();
+        {
+            let flights = shared.flights.lock().expect("lock poisoned");
+            for (id, flight) in flights.iter() {
+                // A fenced transaction holds the row lock; renewing would wait for it.
+                if flight.ctx.fenced.load(Ordering::Acquire) || *flight.lost.borrow() {
+                    continue;
+                }
+                ids.push(*id);
+                tokens.push(flight.ctx.token);
+                leases.push(millis(flight.lease));
+            }
+        }
+        if ids.is_empty() {
+            continue;
+        }
+        let sent_at = Instant::now();
+        let result: Result<Vec<(i64,)>, sqlx::Error> = sqlx::query_as(sql::RENEW)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&leases)
+            .fetch_all(&shared.pool)
+            .await;
+        let flights = &mut *shared.flights.lock().expect("lock poisoned");
+        match result {
+            Ok(renewed) => {
+                let renewed: std::collections::HashSet<i64> =
+                    renewed.into_iter().map(|(id,)| id).collect();
+                for id in &ids {
+                    let Some(flight) = flights.get_mut(id) else {
+                        continue; // finished meanwhile
+                    };
+                    if renewed.contains(id) {
+                        flight.last_renewed = sent_at;
+                    } else if !flight.ctx.completed.load(Ordering::Acquire)
+                        && !flight.ctx.fenced.load(Ordering::Acquire)
+                    {
+                        tracing::warn!(
+                            job.id = id,
+                            job.kind = flight.ctx.kind,
+                            "lease lost: the claim expired or was taken over"
+                        );
+                        let _ = flight.lost.send(true);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot renew job leases");
+                // Without a renewal for a whole lease, the claim may be gone: say so,
+                // measured on this process's monotonic clock (a duration, not a time).
+                for flight in flights.values_mut() {
+                    if flight.last_renewed.elapsed() >= flight.lease && !*flight.lost.borrow() {
+                        tracing::warn!(
+                            job.id = flight.ctx.id,
+                            job.kind = flight.ctx.kind,
+                            "lease presumed lost: not renewed for a whole lease"
+                        );
+                        let _ = flight.lost.send(true);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! The listener: turns `NOTIFY jobs, '<kind>'` into a wake-up of the producer.
+//!
+//! A hint only: notifications sent while the connection is down are lost, so every
+//! (re)connection wakes the producer to catch up, and the producer polls regardless.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+
+use super::Shared;
+use super::backoff::Backoff;
+
+/// The channel every enqueue notifies, with the job's kind as payload.
+pub(crate) const CHANNEL: &str = "jobs";
+
+pub(super) async fn run(shared: Arc<Shared>) {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    loop {
+        let mut listener = match connect(&shared).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                let wait = backoff.next();
+                tracing::warn!(error = %e, retry_in = ?wait, "cannot listen for job notifications; polling meanwhile");
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+        };
+        backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        shared.wake.notify_one();
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(notification)) => {
+                    if shared.handlers.contains_key(notification.payload()) {
+                        shared.wake.notify_one();
+                    }
+                }
+                Ok(None) => {
+                    // The connection was lost; the next call reconnects and listens
+                    // again. What was sent meanwhile is lost: catch up now.
+                    tracing::debug!("notification connection lost; reconnecting");
+                    shared.wake.notify_one();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "notification connection failed; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+async fn connect(shared: &Shared) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(&shared.pool).await?;
+    listener.listen(CHANNEL).await?;
+    Ok(listener)
+}

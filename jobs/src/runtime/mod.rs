@@ -1,0 +1,309 @@
+//! The runtime: claims jobs of the kinds whose handlers are linked in, runs them under
+//! leases, and writes their outcomes.
+//!
+//! One module per role: the [`producer`] claims, the [`executor`] runs one job, the
+//! [`completer`] batches successful completions, the [`heartbeat`] renews leases, the
+//! [`rescuer`] returns expired claims, the [`listener`] turns notifications into wake-ups.
+
+pub(crate) mod backoff;
+pub(crate) mod completer;
+mod executor;
+mod heartbeat;
+mod listener;
+mod producer;
+mod rescuer;
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio::sync::{Notify, mpsc, watch};
+
+use crate::context::Inner;
+use crate::error::Error;
+use crate::job::Lease;
+use crate::registry::{self, HandlerInfo};
+
+/// Runs the handlers linked into this binary until SIGINT or SIGTERM, with the default
+/// settings of [`Runtime`].
+pub async fn run(pool: PgPool) -> Result<(), Error> {
+    Runtime::new(pool).run().await
+}
+
+/// The job runtime and its settings.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), jobs::Error> {
+/// use std::time::Duration;
+///
+/// jobs::Runtime::new(pool)
+///     .concurrency(50)
+///     .poll_interval(Duration::from_millis(500))
+///     .shutdown_grace(Duration::from_secs(20))
+///     .run()
+///     .await
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    pool: PgPool,
+    concurrency: usize,
+    poll_interval: Duration,
+    shutdown_grace: Duration,
+    rescue_interval: Duration,
+    only: Option<Vec<String>>,
+}
+
+impl Runtime {
+    /// A runtime over `pool` with the defaults: concurrency 10, poll every second,
+    /// 10 seconds of grace at shutdown.
+    pub fn new(pool: PgPool) -> Self {
+        Runtime {
+            pool,
+            concurrency: 10,
+            poll_interval: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(10),
+            rescue_interval: Duration::from_secs(1),
+            only: None,
+        }
+    }
+
+    /// How many jobs run at once in this runtime, over all kinds (default 10). A kind's
+    /// own `concurrency` caps it further.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// How often an idle runtime looks for work without a notification (default 1s).
+    /// Notifications make pickup immediate; polling is what guarantees it.
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long running handlers may take to finish after shutdown begins (default 10s);
+    /// the ones still running then are cancelled and their jobs handed back.
+    pub fn shutdown_grace(mut self, d: Duration) -> Self {
+        self.shutdown_grace = d;
+        self
+    }
+
+    /// How often this runtime looks for expired claims to take back (default 1s).
+    pub fn rescue_interval(mut self, d: Duration) -> Self {
+        self.rescue_interval = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Claims only these kinds (each must have a handler in this binary). By default the
+    /// runtime claims every kind with a handler.
+    pub fn kinds<I, S>(mut self, kinds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.only = Some(kinds.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Runs until SIGINT or SIGTERM, then shuts down gracefully.
+    pub async fn run(self) -> Result<(), Error> {
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Runs until `shutdown` resolves, then stops claiming, gives running handlers the
+    /// grace period, and hands back the jobs of those still running.
+    ///
+    /// Fails at once, before touching the database, if the handlers linked in are
+    /// inconsistent (two types or two handlers for one kind) or if there are none.
+    pub async fn run_until<F>(self, shutdown: F) -> Result<(), Error>
+    where
+        F: Future<Output = ()> + Send,
+    {
+        let handlers = self.handlers()?;
+        let summary: Vec<String> = handlers
+            .values()
+            .map(|h| format!("{} ({})", h.kind, h.name))
+            .collect();
+        tracing::info!(kinds = %summary.join(", "), concurrency = self.concurrency, "jobs runtime starting");
+
+        let (completions, completions_rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (hard_tx, hard_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            pool: self.pool.clone(),
+            handlers,
+            concurrency: self.concurrency,
+            poll_interval: self.poll_interval,
+            running: Mutex::new(Running::default()),
+            slot_freed: Notify::new(),
+            wake: Notify::new(),
+            flights: Mutex::new(HashMap::new()),
+            completions,
+            hard_stop: hard_rx,
+        });
+
+        let completer = tokio::spawn(completer::run(self.pool.clone(), completions_rx));
+        let background = [
+            tokio::spawn(listener::run(shared.clone())),
+            tokio::spawn(heartbeat::run(shared.clone())),
+            tokio::spawn(rescuer::run(shared.clone(), self.rescue_interval)),
+        ];
+        let producer = tokio::spawn(producer::run(shared.clone(), stop_rx));
+
+        shutdown.await;
+        tracing::info!(grace = ?self.shutdown_grace, "jobs runtime stopping: no new claims");
+        let _ = stop_tx.send(true);
+        let mut executors = producer.await.unwrap_or_default();
+
+        let drained = tokio::time::timeout(self.shutdown_grace, async {
+            while executors.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                still_running = executors.len(),
+                "shutdown grace elapsed: cancelling the handlers still running and handing their jobs back"
+            );
+            let _ = hard_tx.send(true);
+            while executors.join_next().await.is_some() {}
+        }
+        for task in &background {
+            task.abort();
+        }
+        // Every executor has ended, so the completer's channel closes once `shared` is
+        // gone; give it the grace period to write what is queued.
+        drop(shared);
+        if tokio::time::timeout(self.shutdown_grace, completer)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "could not write every completion before shutdown; those jobs will run again after their lease"
+            );
+        }
+        tracing::info!("jobs runtime stopped");
+        Ok(())
+    }
+
+    fn handlers(&self) -> Result<BTreeMap<&'static str, &'static HandlerInfo>, Error> {
+        let mut handlers = registry::handlers()?;
+        if let Some(only) = &self.only {
+            for kind in only {
+                if !handlers.contains_key(kind.as_str()) {
+                    return Err(Error::Registry(format!(
+                        "kind `{kind}` has no handler linked into this binary"
+                    )));
+                }
+            }
+            handlers.retain(|kind, _| only.iter().any(|k| k == kind));
+            if handlers.is_empty() {
+                return Err(Error::Registry(
+                    "the runtime was given no kind to claim".into(),
+                ));
+            }
+        }
+        Ok(handlers)
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM (SIGINT only where there is no SIGTERM).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; stopping on SIGINT only");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// State shared by the runtime's tasks.
+pub(crate) struct Shared {
+    pool: PgPool,
+    handlers: BTreeMap<&'static str, &'static HandlerInfo>,
+    concurrency: usize,
+    poll_interval: Duration,
+    running: Mutex<Running>,
+    /// A handler finished: capacity is free again.
+    slot_freed: Notify,
+    /// Work may be claimable: a notification arrived or claims were rescued.
+    wake: Notify,
+    /// Claims held under a heartbeat lease, by job id.
+    flights: Mutex<HashMap<i64, Flight>>,
+    completions: mpsc::UnboundedSender<completer::Completion>,
+    /// Set when the shutdown grace has elapsed: handlers are cancelled.
+    hard_stop: watch::Receiver<bool>,
+}
+
+/// How many jobs run, in all and per kind.
+#[derive(Default)]
+struct Running {
+    total: usize,
+    per_kind: HashMap<&'static str, usize>,
+}
+
+/// A claim under a heartbeat lease.
+pub(crate) struct Flight {
+    ctx: Arc<Inner>,
+    lost: watch::Sender<bool>,
+    lease: Duration,
+    last_renewed: Instant,
+}
+
+impl Shared {
+    fn lease_of(info: &HandlerInfo) -> Option<Duration> {
+        match info.config.lease {
+            Lease::Heartbeat(d) => Some(d),
+            Lease::Transaction => None,
+        }
+    }
+
+    /// Free capacity per kind, within the overall free capacity.
+    fn free(&self) -> (usize, Vec<(&'static HandlerInfo, usize)>) {
+        let running = self.running.lock().expect("lock poisoned");
+        let total_free = self.concurrency.saturating_sub(running.total);
+        let per_kind = self
+            .handlers
+            .values()
+            .map(|h| {
+                let cap = h.config.concurrency.map_or(usize::MAX, |c| c as usize);
+                let used = running.per_kind.get(h.kind).copied().unwrap_or(0);
+                (*h, cap.saturating_sub(used).min(total_free))
+            })
+            .collect();
+        (total_free, per_kind)
+    }
+
+    fn take_slot(&self, kind: &'static str) {
+        let mut running = self.running.lock().expect("lock poisoned");
+        running.total += 1;
+        *running.per_kind.entry(kind).or_default() += 1;
+    }
+
+    fn give_slot(&self, kind: &'static str) {
+        {
+            let mut running = self.running.lock().expect("lock poisoned");
+            running.total = running.total.saturating_sub(1);
+            if let Some(n) = running.per_kind.get_mut(kind) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        self.slot_freed.notify_one();
+    }
+}

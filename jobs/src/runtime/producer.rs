@@ -1,0 +1,213 @@
+//! The producer: claims jobs up to free capacity and starts an executor for each.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::{Postgres, Transaction};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use uuid::Uuid;
+
+use super::Shared;
+use super::backoff::Backoff;
+use super::executor::{self, Claimed};
+use crate::enqueue::millis;
+use crate::registry::HandlerInfo;
+use crate::sql;
+
+type ClaimRow = (i64, String, i32, i32, Uuid, String);
+
+/// Claims until `stop` turns true; returns the executors still running.
+pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) -> JoinSet<()> {
+    let mut executors = JoinSet::new();
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    let mut poll = tokio::time::interval(shared.poll_interval);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let periodic: Vec<&'static HandlerInfo> = shared
+        .handlers
+        .values()
+        .copied()
+        .filter(|h| h.config.every.is_some())
+        .collect();
+    let arm_every = periodic
+        .iter()
+        .filter_map(|h| h.config.every)
+        .min()
+        .unwrap_or(Duration::MAX)
+        .clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let mut armed_at: Option<Instant> = None;
+    // Whether the last claim filled what it asked for, so more may be waiting.
+    let mut more = true;
+
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        while executors.try_join_next().is_some() {}
+
+        if !periodic.is_empty() && armed_at.is_none_or(|t| t.elapsed() >= arm_every) {
+            if arm_periodic(&shared, &periodic).await {
+                armed_at = Some(Instant::now());
+            }
+        }
+
+        let (total_free, per_kind) = shared.free();
+        if total_free == 0 || per_kind.iter().all(|(_, n)| *n == 0) {
+            tokio::select! {
+                _ = shared.slot_freed.notified() => {}
+                _ = stop.changed() => {}
+            }
+            continue;
+        }
+        if !more {
+            tokio::select! {
+                _ = shared.wake.notified() => {}
+                _ = poll.tick() => {}
+                _ = stop.changed() => {}
+            }
+            more = true;
+            continue;
+        }
+
+        match claim(&shared, total_free, &per_kind, &mut executors).await {
+            Ok(filled) => {
+                more = filled;
+                backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+            }
+            Err(e) => {
+                let wait = backoff.next();
+                tracing::warn!(error = %e, retry_in = ?wait, "cannot claim jobs; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+        }
+    }
+    executors
+}
+
+/// One round of claims. Returns whether any kind may have more claimable jobs.
+async fn claim(
+    shared: &Arc<Shared>,
+    total_free: usize,
+    per_kind: &[(&'static HandlerInfo, usize)],
+    executors: &mut JoinSet<()>,
+) -> Result<bool, sqlx::Error> {
+    let mut kinds = Vec::new();
+    let mut limits = Vec::new();
+    let mut leases = Vec::new();
+    let mut asked = 0usize;
+    for (info, free) in per_kind {
+        if let (Some(lease), true) = (Shared::lease_of(info), *free > 0) {
+            kinds.push(info.kind);
+            limits.push(i32::try_from(*free).unwrap_or(i32::MAX));
+            leases.push(Some(millis(lease)));
+            asked = asked.saturating_add(*free);
+        }
+    }
+    let mut more = false;
+    let mut free_left = total_free;
+    if !kinds.is_empty() {
+        let want = asked.min(total_free);
+        let rows: Vec<ClaimRow> = sqlx::query_as(sql::CLAIM)
+            .bind(&kinds)
+            .bind(&limits)
+            .bind(&leases)
+            .bind(i32::try_from(want).unwrap_or(i32::MAX))
+            .fetch_all(&shared.pool)
+            .await?;
+        more |= rows.len() >= want;
+        free_left = free_left.saturating_sub(rows.len());
+        for row in rows {
+            start(shared, row, None, executors);
+        }
+    }
+    // Transaction mode: each job is claimed inside its own transaction, which the
+    // executor then holds until the job's completion commits.
+    for (info, free) in per_kind {
+        if Shared::lease_of(info).is_some() {
+            continue;
+        }
+        let mut free = (*free).min(free_left);
+        while free > 0 {
+            let mut tx = shared.pool.begin().await?;
+            let row: Option<ClaimRow> = sqlx::query_as(sql::CLAIM)
+                .bind([info.kind])
+                .bind([1i32])
+                .bind([None::<i64>])
+                .bind(1i32)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(row) = row else {
+                tx.rollback().await?;
+                break;
+            };
+            sqlx::query("SAVEPOINT jobs_handler")
+                .execute(&mut *tx)
+                .await?;
+            start(shared, row, Some(tx), executors);
+            free -= 1;
+            free_left -= 1;
+            if free == 0 {
+                more = true;
+            }
+        }
+    }
+    Ok(more)
+}
+
+fn start(
+    shared: &Arc<Shared>,
+    (id, kind, attempts, max_attempts, token, payload): ClaimRow,
+    tx: Option<Transaction<'static, Postgres>>,
+    executors: &mut JoinSet<()>,
+) {
+    let Some(&handler) = shared.handlers.get(kind.as_str()) else {
+        // Cannot happen: the claim names only kinds with a handler.
+        tracing::error!(job.id = id, job.kind = %kind, "claimed a job of a kind with no handler");
+        return;
+    };
+    shared.take_slot(handler.kind);
+    let claimed = Claimed {
+        id,
+        attempt: u32::try_from(attempts).unwrap_or(0),
+        max_attempts: u32::try_from(max_attempts).unwrap_or(1),
+        token,
+        payload,
+        claimed_at: Instant::now(),
+    };
+    executors.spawn(executor::execute(shared.clone(), handler, claimed, tx));
+}
+
+/// Makes sure each periodic kind has its one live job. Returns false on a database error.
+async fn arm_periodic(shared: &Shared, periodic: &[&'static HandlerInfo]) -> bool {
+    for info in periodic {
+        let payload = match (info.periodic_payload)() {
+            Some(Ok(payload)) => payload,
+            Some(Err(e)) => {
+                tracing::error!(job.kind = info.kind, error = %e, "cannot serialize the periodic job");
+                continue;
+            }
+            None => continue,
+        };
+        let result = sqlx::query(sql::ARM_PERIODIC)
+            .bind(info.kind)
+            .bind(payload)
+            .bind(i32::try_from(info.config.max_attempts).unwrap_or(i32::MAX))
+            .execute(&shared.pool)
+            .await;
+        match result {
+            Ok(r) if r.rows_affected() > 0 => {
+                tracing::debug!(job.kind = info.kind, "armed periodic job");
+                shared.wake.notify_one();
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(job.kind = info.kind, error = %e, "cannot arm periodic job");
+                return false;
+            }
+        }
+    }
+    true
+}

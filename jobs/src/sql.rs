@@ -1,0 +1,274 @@
+//! Every statement that touches the `jobs` table, with the index each one relies on.
+//!
+//! Times are compared only against the database clock (`now()`); durations come in as
+//! milliseconds computed in Rust. Every write the framework makes for a claim is fenced
+//! with the claim's token and `claimed_until > now()`.
+
+/// Inserts one job, or coalesces it into the live job of its key.
+///
+/// `$1` kind, `$2` key, `$3` payload (JSON text), `$4` max_attempts, `$5` delay in ms.
+/// Index: `jobs_live_key` is the arbiter of `ON CONFLICT` (the predicate is repeated so
+/// PostgreSQL can infer the partial index). Concurrent enqueues of one key serialize on
+/// that index entry: the second waits for the first to commit and then updates its row,
+/// so none fails with a unique violation. A pending job takes the new payload and
+/// run-after; a running one takes the new payload and a re-run mark. One notification
+/// when the job is claimable now, delivered at commit (PostgreSQL folds identical
+/// notifications of one transaction into one).
+pub(crate) const ENQUEUE_ONE: &str = r#"
+WITH ins AS (
+    INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
+    VALUES ($1, $2, $3::jsonb, $4, now() + $5 * interval '1 millisecond')
+    ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') DO UPDATE SET
+        payload = EXCLUDED.payload,
+        run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
+        rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
+    RETURNING j.id, (j.xmax = 0) AS inserted, j.state, j.kind, j.run_after <= now() AS ready
+)
+SELECT id, inserted, state
+FROM ins
+CROSS JOIN LATERAL (
+    SELECT count(*) AS notified
+    FROM (SELECT pg_notify('jobs', ins.kind) WHERE ins.ready AND ins.state = 'pending') n
+) notify
+"#;
+
+/// Inserts many jobs in one statement; the caller has merged jobs of one key already
+/// (one statement may not update one row twice).
+///
+/// `$1..$5` are arrays of kind, key, payload, max_attempts, delay_ms. Each row gets its
+/// id from the sequence up front, so inserted rows map back to their input by id and
+/// coalesced ones by `(kind, key)`. Index: `jobs_live_key`, as [`ENQUEUE_ONE`]. One
+/// notification per kind that has a job claimable now.
+pub(crate) const ENQUEUE_MANY: &str = r#"
+WITH src AS MATERIALIZED (
+    SELECT u.ord::int AS ord,
+           nextval(pg_get_serial_sequence('jobs', 'id')) AS id,
+           u.kind, u.key, u.payload::jsonb AS payload, u.max_attempts,
+           now() + u.delay_ms * interval '1 millisecond' AS run_after
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[])
+         WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, ord)
+),
+ins AS (
+    INSERT INTO jobs AS j (id, kind, key, payload, max_attempts, run_after)
+    SELECT id, kind, key, payload, max_attempts, run_after FROM src ORDER BY ord
+    ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') DO UPDATE SET
+        payload = EXCLUDED.payload,
+        run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
+        rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
+    RETURNING j.id, j.kind, j.key, (j.xmax = 0) AS inserted, j.state, j.run_after <= now() AS ready
+),
+notify AS (
+    SELECT count(pg_notify('jobs', k.kind)) AS notified
+    FROM (SELECT DISTINCT kind FROM ins WHERE ready AND state = 'pending') k
+)
+SELECT src.ord, ins.id, ins.inserted, ins.state
+FROM ins JOIN src ON src.id = ins.id
+CROSS JOIN notify
+WHERE ins.inserted
+UNION ALL
+SELECT src.ord, ins.id, ins.inserted, ins.state
+FROM ins JOIN src ON src.kind = ins.kind AND src.key = ins.key
+CROSS JOIN notify
+WHERE NOT ins.inserted
+"#;
+
+/// Claims up to `$4` claimable jobs of the kinds in `$1`, at most `$2[i]` of kind
+/// `$1[i]`, each with a lease of `$3[i]` ms (NULL: transaction mode, the row lock is the
+/// lease and `claimed_until` is infinity).
+///
+/// Index: `jobs_claim (kind, run_after, id) WHERE state = 'pending'`, one range scan per
+/// kind (the lateral join), so a backlog of other kinds or of future jobs is never read.
+/// The locking select runs once, in a materialized CTE (a `WHERE id IN (subquery)` may
+/// be re-evaluated and claim more than asked); `SKIP LOCKED` lets concurrent claimers
+/// take disjoint rows; `FOR NO KEY UPDATE` does not block foreign keys pointing at jobs.
+/// Rows locked by a kind's scan but cut by the overall limit are unlocked at the end of
+/// the statement. The attempt is counted here, at claim time.
+pub(crate) const CLAIM: &str = r#"
+WITH wanted AS (
+    SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]) AS w(kind, n, lease_ms)
+),
+picked AS MATERIALIZED (
+    SELECT c.id, c.run_after, w.lease_ms
+    FROM wanted w
+    CROSS JOIN LATERAL (
+        SELECT id, run_after
+        FROM jobs
+        WHERE state = 'pending' AND kind = w.kind AND run_after <= now()
+        ORDER BY run_after, id
+        LIMIT w.n
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) c
+    ORDER BY c.run_after, c.id
+    LIMIT $4
+)
+UPDATE jobs j SET
+    state = 'running',
+    attempts = j.attempts + 1,
+    claimed_by = gen_random_uuid(),
+    claimed_until = COALESCE(now() + p.lease_ms * interval '1 millisecond', 'infinity')
+FROM picked p
+WHERE j.id = p.id
+RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text
+"#;
+
+/// Renews the leases of the claims `($1[i], $2[i])` to `$3[i]` ms from now, for those
+/// still held. Returns the ids renewed; a claim missing from the result is lost.
+///
+/// Index: primary key, one probe per claim. Only `claimed_until` changes: a HOT update.
+pub(crate) const RENEW: &str = r#"
+UPDATE jobs j SET claimed_until = now() + c.lease_ms * interval '1 millisecond'
+FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, lease_ms)
+WHERE j.id = c.id AND j.claimed_by = c.token AND j.claimed_until > now()
+RETURNING j.id
+"#;
+
+/// Completes the claims `($1[i], $2[i])` of kinds that keep no history, by deleting
+/// them. A job marked for a re-run is left for [`COMPLETE_KEEP`]; a claim that is no
+/// longer current deletes nothing. Returns the ids deleted.
+///
+/// Index: primary key. The re-run mark is re-checked on the newest row version, so a
+/// trigger that commits while this runs is never deleted with the job.
+pub(crate) const COMPLETE_DELETE: &str = r#"
+DELETE FROM jobs j
+USING unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+WHERE j.id = c.id AND j.claimed_by = c.token AND j.claimed_until > now()
+  AND j.rerun_after IS NULL
+RETURNING j.id
+"#;
+
+/// Completes the claims `($1[i], $2[i])` without deleting them: a job marked for a
+/// re-run goes back to pending at its trigger's run-after, a periodic one (`$3[i]` its
+/// period in ms) is re-armed one period from now, any other becomes `done`.
+///
+/// Index: primary key.
+pub(crate) const COMPLETE_KEEP: &str = r#"
+UPDATE jobs j SET
+    state = CASE WHEN j.rerun_after IS NOT NULL OR c.every_ms IS NOT NULL
+                 THEN 'pending' ELSE 'done' END,
+    run_after = CASE WHEN j.rerun_after IS NOT NULL THEN j.rerun_after
+                     WHEN c.every_ms IS NOT NULL THEN now() + c.every_ms * interval '1 millisecond'
+                     ELSE j.run_after END,
+    attempts = CASE WHEN j.rerun_after IS NOT NULL OR c.every_ms IS NOT NULL
+                    THEN 0 ELSE j.attempts END,
+    finished_at = CASE WHEN j.rerun_after IS NULL AND c.every_ms IS NULL THEN now() END,
+    last_error = NULL,
+    rerun_after = NULL,
+    claimed_by = NULL,
+    claimed_until = NULL
+FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, every_ms)
+WHERE j.id = c.id AND j.claimed_by = c.token AND j.claimed_until > now()
+RETURNING j.id
+"#;
+
+/// Records a failed attempt of claim `($1, $2)`: `$3` the error message, `$4` whether
+/// it is permanent, `$5` the backoff in ms before jitter. Jitter keeps between half and
+/// all of it. The job becomes `failed` when permanent or out of attempts, unless a
+/// trigger arrived while it ran: then it goes back to pending with a fresh attempt
+/// budget, since that trigger has not been handled yet. Returns the new state.
+///
+/// Index: primary key.
+pub(crate) const FAIL: &str = r#"
+UPDATE jobs j SET
+    state = CASE WHEN j.rerun_after IS NOT NULL THEN 'pending'
+                 WHEN $4 OR j.attempts >= j.max_attempts THEN 'failed'
+                 ELSE 'pending' END,
+    run_after = CASE
+        WHEN j.rerun_after IS NOT NULL THEN greatest(j.rerun_after, now())
+        WHEN $4 OR j.attempts >= j.max_attempts THEN j.run_after
+        ELSE now() + ($5 * (0.5 + random() / 2)) * interval '1 millisecond' END,
+    attempts = CASE WHEN j.rerun_after IS NOT NULL THEN 0 ELSE j.attempts END,
+    finished_at = CASE WHEN j.rerun_after IS NULL AND ($4 OR j.attempts >= j.max_attempts)
+                       THEN now() END,
+    last_error = $3,
+    rerun_after = NULL,
+    claimed_by = NULL,
+    claimed_until = NULL
+WHERE j.id = $1 AND j.claimed_by = $2 AND j.claimed_until > now()
+RETURNING j.state
+"#;
+
+/// Gives claim `($1, $2)` back without spending its attempt: snooze (`$3` ms) and the
+/// hand-back at shutdown (`$3` = 0). A trigger that arrived meanwhile keeps its earlier
+/// run-after.
+///
+/// Index: primary key.
+pub(crate) const RELEASE: &str = r#"
+UPDATE jobs j SET
+    state = 'pending',
+    attempts = greatest(j.attempts - 1, 0),
+    run_after = least(coalesce(j.rerun_after, 'infinity'), now() + $3 * interval '1 millisecond'),
+    rerun_after = NULL,
+    claimed_by = NULL,
+    claimed_until = NULL
+WHERE j.id = $1 AND j.claimed_by = $2 AND j.claimed_until > now()
+RETURNING j.id
+"#;
+
+/// Takes back up to `$1` claims whose lease expired: pending again, claimable now, or
+/// `failed` when the expired attempt was the last. The expiry is re-checked in this same
+/// statement, on the row version it locks, so a claim renewed or completed at the same
+/// instant is left alone.
+///
+/// Index: `jobs_running (kind, id) WHERE state = 'running'`, which holds only the
+/// running rows (at most the runtimes' total concurrency).
+pub(crate) const RESCUE: &str = r#"
+WITH expired AS MATERIALIZED (
+    SELECT id FROM jobs
+    WHERE state = 'running' AND claimed_until < now()
+    LIMIT $1
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET
+    state = CASE WHEN j.rerun_after IS NOT NULL OR j.attempts < j.max_attempts
+                 THEN 'pending' ELSE 'failed' END,
+    run_after = greatest(coalesce(j.rerun_after, now()), now()),
+    attempts = CASE WHEN j.rerun_after IS NOT NULL THEN 0 ELSE j.attempts END,
+    finished_at = CASE WHEN j.rerun_after IS NULL AND j.attempts >= j.max_attempts
+                       THEN now() END,
+    last_error = 'lease expired: the worker running attempt ' || j.attempts
+                 || ' stopped renewing its claim',
+    rerun_after = NULL,
+    claimed_by = NULL,
+    claimed_until = NULL
+FROM expired e
+WHERE j.id = e.id AND j.state = 'running' AND j.claimed_until < now()
+RETURNING j.id, j.kind, j.state
+"#;
+
+/// Locks claim `($1, $2)` for a fenced transaction, if it is still current.
+///
+/// Index: primary key.
+pub(crate) const FENCE: &str = r#"
+SELECT id FROM jobs
+WHERE id = $1 AND claimed_by = $2 AND claimed_until > now()
+FOR NO KEY UPDATE
+"#;
+
+/// Arms the periodic kind `$1` (payload `$2`, max_attempts `$3`) if it has no live job.
+/// The fixed key makes this safe from every replica at once: the unique index admits one.
+///
+/// Index: `jobs_live_key` for both the existence check and the arbiter.
+pub(crate) const ARM_PERIODIC: &str = r#"
+INSERT INTO jobs (kind, key, payload, max_attempts)
+SELECT $1, 'every', $2::jsonb, $3
+WHERE NOT EXISTS (
+    SELECT 1 FROM jobs WHERE kind = $1 AND key = 'every' AND state IN ('pending', 'running')
+)
+ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') DO NOTHING
+"#;
+
+/// Deletes up to `$2` done rows of kind `$1` finished more than `$3` ms ago.
+///
+/// Index: `jobs_done (kind, finished_at) WHERE state = 'done'`. Bounded batches with `SKIP
+/// LOCKED`, so replicas pruning at once take disjoint rows and never wait on each other.
+pub(crate) const PRUNE_DONE: &str = r#"
+WITH old AS MATERIALIZED (
+    SELECT id FROM jobs
+    WHERE state = 'done' AND kind = $1
+      AND finished_at < now() - $3 * interval '1 millisecond'
+    ORDER BY finished_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM jobs j USING old WHERE j.id = old.id
+"#;

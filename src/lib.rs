@@ -1,0 +1,1 @@
+//! Workspace root: integration tests and examples live beside this crate.
