@@ -1,0 +1,435 @@
+//! Enqueue: transactional, coalescing, bulk, notifications, bad input.
+
+mod common;
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use jobs::{EnqueueBatch, EnqueueOutcome, Job};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(kind = "test.keyed", key = "id")]
+struct Keyed {
+    id: i64,
+    note: String,
+}
+
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(kind = "test.plain")]
+struct Plain {
+    n: i32,
+}
+
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(kind = "test.two_keys", key = ["tenant", "item"])]
+struct TwoKeys {
+    tenant: String,
+    item: Option<u32>,
+}
+
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(kind = "test.text_key", key = "name")]
+struct TextKey {
+    name: String,
+    blob: String,
+}
+
+async fn row(pool: &PgPool, id: i64) -> (String, Option<String>, String, serde_json::Value, bool) {
+    sqlx::query_as(
+        "SELECT kind, key, state, payload, run_after > now() + interval '1 minute' FROM jobs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn enqueue_inserts_a_pending_row(pool: PgPool) {
+    let e = Keyed {
+        id: 1,
+        note: "a".into(),
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    assert_eq!(e.outcome, EnqueueOutcome::Inserted);
+    let (kind, key, state, payload, _) = row(&pool, e.id).await;
+    assert_eq!(kind, "test.keyed");
+    assert_eq!(key.as_deref(), Some("1"));
+    assert_eq!(state, "pending");
+    assert_eq!(payload["note"], "a");
+    let max: i32 = sqlx::query_scalar("SELECT max_attempts FROM jobs WHERE id = $1")
+        .bind(e.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(max, 20);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn enqueue_in_rolled_back_transaction_leaves_no_row(pool: PgPool) {
+    let mut tx = pool.begin().await.unwrap();
+    Plain { n: 1 }.enqueue(&mut *tx).await.unwrap();
+    Keyed {
+        id: 9,
+        note: "x".into(),
+    }
+    .enqueue(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(common::count_kind(&pool, "test.plain").await, 0);
+    assert_eq!(common::count_kind(&pool, "test.keyed").await, 0);
+
+    let mut tx = pool.begin().await.unwrap();
+    Plain { n: 2 }.enqueue(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(common::count_kind(&pool, "test.plain").await, 1);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn enqueue_on_a_connection(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+    Plain { n: 1 }.enqueue(&mut *conn).await.unwrap();
+    assert_eq!(common::count_kind(&pool, "test.plain").await, 1);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn repeated_trigger_coalesces_into_pending_job(pool: PgPool) {
+    let first = Keyed {
+        id: 5,
+        note: "old".into(),
+    }
+    .enqueue_in(&pool, Duration::from_secs(3600))
+    .await
+    .unwrap();
+    assert!(row(&pool, first.id).await.4, "scheduled an hour ahead");
+    let second = Keyed {
+        id: 5,
+        note: "new".into(),
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    assert_eq!(second.outcome, EnqueueOutcome::Coalesced);
+    assert_eq!(second.id, first.id);
+    let (_, _, state, payload, later) = row(&pool, first.id).await;
+    assert_eq!(state, "pending");
+    assert_eq!(payload["note"], "new", "takes the newer payload");
+    assert!(!later, "run_after reset to the new trigger's");
+    assert_eq!(common::count_kind(&pool, "test.keyed").await, 1);
+    // Another key is another job; unkeyed jobs never coalesce.
+    assert!(
+        Keyed {
+            id: 6,
+            note: "".into()
+        }
+        .enqueue(&pool)
+        .await
+        .unwrap()
+        .inserted()
+    );
+    assert!(Plain { n: 1 }.enqueue(&pool).await.unwrap().inserted());
+    assert!(Plain { n: 1 }.enqueue(&pool).await.unwrap().inserted());
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn trigger_while_running_marks_a_rerun(pool: PgPool) {
+    let first = Keyed {
+        id: 5,
+        note: "v1".into(),
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE jobs SET state = 'running', claimed_by = gen_random_uuid(), claimed_until = now() + interval '1 minute' WHERE id = $1")
+        .bind(first.id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let again = Keyed {
+        id: 5,
+        note: "v2".into(),
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    assert_eq!(again.outcome, EnqueueOutcome::RerunMarked);
+    assert_eq!(again.id, first.id);
+    let (state, rerun, payload): (String, bool, serde_json::Value) =
+        sqlx::query_as("SELECT state, rerun_after IS NOT NULL, payload FROM jobs WHERE id = $1")
+            .bind(first.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "running");
+    assert!(rerun);
+    assert_eq!(payload["note"], "v2");
+    assert_eq!(common::count_kind(&pool, "test.keyed").await, 1);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn concurrent_enqueues_of_one_key_all_succeed_with_one_live_row(pool: PgPool) {
+    let tasks = (0..100).map(|i| {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            Keyed {
+                id: 42,
+                note: format!("{i}"),
+            }
+            .enqueue(&pool)
+            .await
+        })
+    });
+    let results = join_all(tasks).await;
+    let mut ids = std::collections::HashSet::new();
+    let mut inserted = 0;
+    for r in results {
+        let e = r.expect("task").expect("every enqueue succeeds");
+        ids.insert(e.id);
+        if e.inserted() {
+            inserted += 1;
+        }
+    }
+    assert_eq!(ids.len(), 1, "every enqueue names the same job");
+    assert_eq!(inserted, 1, "exactly one inserted the row");
+    assert_eq!(common::live(&pool).await, 1);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn bulk_enqueue_merges_jobs_of_one_key(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    batch
+        .push(&Keyed {
+            id: 1,
+            note: "first".into(),
+        })
+        .unwrap();
+    batch.push(&Plain { n: 1 }).unwrap();
+    batch
+        .push(&Keyed {
+            id: 1,
+            note: "second".into(),
+        })
+        .unwrap();
+    batch
+        .push(&Keyed {
+            id: 2,
+            note: "other".into(),
+        })
+        .unwrap();
+    batch.push(&Plain { n: 2 }).unwrap();
+    let results = batch.enqueue(&pool).await.unwrap();
+    assert_eq!(results.len(), 5);
+    assert_eq!(results[0].id, results[2].id, "one key, one job");
+    assert_eq!(results[0].outcome, EnqueueOutcome::Coalesced);
+    assert_eq!(results[2].outcome, EnqueueOutcome::Inserted);
+    assert_ne!(results[1].id, results[4].id);
+    assert_eq!(common::count_kind(&pool, "test.keyed").await, 2);
+    assert_eq!(common::count_kind(&pool, "test.plain").await, 2);
+    let (_, _, _, payload, _) = row(&pool, results[2].id).await;
+    assert_eq!(payload["note"], "second", "the last push wins");
+    // Results come back in push order: each id's row holds that push's payload.
+    let n: i32 = sqlx::query_scalar("SELECT (payload->>'n')::int FROM jobs WHERE id = $1")
+        .bind(results[4].id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+
+    // A second batch coalesces into the live rows instead of failing.
+    let again = jobs::enqueue_all(
+        &pool,
+        &[
+            Keyed {
+                id: 1,
+                note: "third".into(),
+            },
+            Keyed {
+                id: 3,
+                note: "new".into(),
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(again[0].outcome, EnqueueOutcome::Coalesced);
+    assert_eq!(again[0].id, results[2].id);
+    assert_eq!(again[1].outcome, EnqueueOutcome::Inserted);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn bulk_enqueue_of_many_rows_keeps_push_order(pool: PgPool) {
+    let jobs: Vec<Plain> = (0..1000).map(|n| Plain { n }).collect();
+    let results = jobs::enqueue_all(&pool, &jobs).await.unwrap();
+    assert_eq!(results.len(), 1000);
+    for (n, e) in results.iter().enumerate().step_by(97) {
+        let stored: i32 = sqlx::query_scalar("SELECT (payload->>'n')::int FROM jobs WHERE id = $1")
+            .bind(e.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(stored as usize, n);
+    }
+    assert!(
+        jobs::enqueue_all::<Plain, _>(&pool, &[])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn multi_field_key_and_none_key(pool: PgPool) {
+    let a = TwoKeys {
+        tenant: "t:1".into(),
+        item: Some(2),
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    let key: Option<String> = sqlx::query_scalar("SELECT key FROM jobs WHERE id = $1")
+        .bind(a.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(key.as_deref(), Some("t\\:1:2"));
+    // A None part means no key: such jobs never coalesce.
+    let b = TwoKeys {
+        tenant: "t".into(),
+        item: None,
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    let c = TwoKeys {
+        tenant: "t".into(),
+        item: None,
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    assert!(b.inserted() && c.inserted());
+    assert_ne!(b.id, c.id);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn key_or_payload_postgres_cannot_store_is_a_clear_error(pool: PgPool) {
+    let err = TextKey {
+        name: "a\0b".into(),
+        blob: "".into(),
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap_err();
+    assert!(matches!(err, jobs::Error::InvalidInput(_)), "{err:?}");
+    assert!(err.to_string().contains("key"), "{err}");
+
+    let err = TextKey {
+        name: "ok".into(),
+        blob: "nul \0 inside".into(),
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap_err();
+    assert!(matches!(err, jobs::Error::InvalidInput(_)), "{err:?}");
+    assert!(err.to_string().contains("payload"), "{err}");
+
+    let mut batch = EnqueueBatch::new();
+    assert!(
+        batch
+            .push(&TextKey {
+                name: "\0".into(),
+                blob: "".into()
+            })
+            .is_err()
+    );
+    assert!(batch.is_empty());
+    assert_eq!(common::live(&pool).await, 0, "nothing was written");
+
+    // Unusual but storable text goes through unchanged.
+    let odd = "ключ 🔑 'quote' \"dq\" \\ ; DROP TABLE jobs; --";
+    let e = TextKey {
+        name: odd.into(),
+        blob: odd.into(),
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    let (_, key, _, payload, _) = row(&pool, e.id).await;
+    assert_eq!(key.as_deref(), Some(odd));
+    assert_eq!(payload["blob"], odd);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn delayed_enqueue_uses_the_database_clock(pool: PgPool) {
+    let e = Plain { n: 1 }
+        .enqueue_in(&pool, Duration::from_secs(90))
+        .await
+        .unwrap();
+    let secs: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM run_after - created_at)::float8 FROM jobs WHERE id = $1",
+    )
+    .bind(e.id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!((secs - 90.0).abs() < 0.01, "{secs}");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn one_notification_per_kind_per_transaction(pool: PgPool) {
+    let mut listener = PgListener::connect_with(&pool).await.unwrap();
+    listener.listen("jobs").await.unwrap();
+
+    let mut batch = EnqueueBatch::new();
+    for n in 0..50 {
+        batch.push(&Plain { n }).unwrap();
+        batch
+            .push(&Keyed {
+                id: n.into(),
+                note: "".into(),
+            })
+            .unwrap();
+    }
+    // Scheduled jobs are not claimable now: no notification for them.
+    batch
+        .push_in(
+            &TwoKeys {
+                tenant: "x".into(),
+                item: Some(1),
+            },
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    batch.enqueue(&pool).await.unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    for n in 0..20 {
+        Plain { n }.enqueue(&mut *tx).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    // A marker on a channel of its own: everything before it has been delivered.
+    sqlx::query("SELECT pg_notify('jobs', 'end')")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let mut got = Vec::new();
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), listener.recv())
+            .await
+            .expect("notifications arrive")
+            .unwrap();
+        if n.payload() == "end" {
+            break;
+        }
+        got.push(n.payload().to_owned());
+    }
+    got.sort();
+    assert_eq!(got, ["test.keyed", "test.plain", "test.plain"]);
+}
