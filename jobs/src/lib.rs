@@ -26,6 +26,9 @@ pub mod __private {
     pub use crate::registry::{HandlerFuture, HandlerInfo, HandlerInput, KindInfo, dispatch};
     pub use inventory;
 
+    /// The claim statement, for tests that read its plan.
+    pub const CLAIM_SQL: &str = crate::sql::CLAIM;
+
     /// Joins the parts of a key over several fields.
     pub fn join_key_parts(parts: &[Option<String>]) -> Option<String> {
         crate::job::join_key_parts(parts)

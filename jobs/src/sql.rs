@@ -112,14 +112,14 @@ RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::tex
 "#;
 
 /// Renews the leases of the claims `($1[i], $2[i])` to `$3[i]` ms from now, for those
-/// still held. Returns the ids renewed; a claim missing from the result is lost.
+/// still held. Returns the tokens renewed; a claim missing from the result is lost.
 ///
 /// Index: primary key, one probe per claim. Only `claimed_until` changes: a HOT update.
 pub(crate) const RENEW: &str = r#"
 UPDATE jobs j SET claimed_until = now() + c.lease_ms * interval '1 millisecond'
 FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, lease_ms)
 WHERE j.id = c.id AND j.claimed_by = c.token AND j.claimed_until > now()
-RETURNING j.id
+RETURNING j.claimed_by
 "#;
 
 /// Completes the claims `($1[i], $2[i])` of kinds that keep no history, by deleting

@@ -96,7 +96,7 @@ async fn run(
     });
     if let (false, Some(lease)) = (transaction_mode, Shared::lease_of(handler)) {
         shared.flights.lock().expect("lock poisoned").insert(
-            job.id,
+            job.token,
             Flight {
                 ctx: inner.clone(),
                 lost: lost_tx,
@@ -129,7 +129,7 @@ async fn run(
             .flights
             .lock()
             .expect("lock poisoned")
-            .remove(&job.id);
+            .remove(&job.token);
     }
 }
 
@@ -218,7 +218,7 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
                     .flights
                     .lock()
                     .expect("lock poisoned")
-                    .get(&job.id)
+                    .get(&job.token)
                     .map_or(claimed_at, |f| f.last_renewed);
                 if last_renewed.elapsed() > lease {
                     tracing::warn!(error = %e, "cannot write the job's outcome and its lease has run out; it will be rescued");

@@ -29,13 +29,13 @@ pub(super) async fn run(shared: Arc<Shared>) {
         let mut leases = Vec::new();
         {
             let flights = shared.flights.lock().expect("lock poisoned");
-            for (id, flight) in flights.iter() {
+            for (token, flight) in flights.iter() {
                 // A fenced transaction holds the row lock; renewing would wait for it.
                 if flight.ctx.fenced.load(Ordering::Acquire) || *flight.lost.borrow() {
                     continue;
                 }
-                ids.push(*id);
-                tokens.push(flight.ctx.token);
+                ids.push(flight.ctx.id);
+                tokens.push(*token);
                 leases.push(millis(flight.lease));
             }
         }
@@ -43,7 +43,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
             continue;
         }
         let sent_at = Instant::now();
-        let result: Result<Vec<(i64,)>, sqlx::Error> = sqlx::query_as(sql::RENEW)
+        let result: Result<Vec<(Uuid,)>, sqlx::Error> = sqlx::query_as(sql::RENEW)
             .bind(&ids)
             .bind(&tokens)
             .bind(&leases)
@@ -52,19 +52,19 @@ pub(super) async fn run(shared: Arc<Shared>) {
         let flights = &mut *shared.flights.lock().expect("lock poisoned");
         match result {
             Ok(renewed) => {
-                let renewed: std::collections::HashSet<i64> =
-                    renewed.into_iter().map(|(id,)| id).collect();
-                for id in &ids {
-                    let Some(flight) = flights.get_mut(id) else {
+                let renewed: std::collections::HashSet<Uuid> =
+                    renewed.into_iter().map(|(token,)| token).collect();
+                for token in &tokens {
+                    let Some(flight) = flights.get_mut(token) else {
                         continue; // finished meanwhile
                     };
-                    if renewed.contains(id) {
+                    if renewed.contains(token) {
                         flight.last_renewed = sent_at;
                     } else if !flight.ctx.completed.load(Ordering::Acquire)
                         && !flight.ctx.fenced.load(Ordering::Acquire)
                     {
                         tracing::warn!(
-                            job.id = id,
+                            job.id = flight.ctx.id,
                             job.kind = flight.ctx.kind,
                             "lease lost: the claim expired or was taken over"
                         );

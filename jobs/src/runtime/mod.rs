@@ -244,8 +244,9 @@ pub(crate) struct Shared {
     slot_freed: Notify,
     /// Work may be claimable: a notification arrived or claims were rescued.
     wake: Notify,
-    /// Claims held under a heartbeat lease, by job id.
-    flights: Mutex<HashMap<i64, Flight>>,
+    /// Claims held under a heartbeat lease, by claim token (one job may be claimed
+    /// again by this runtime while a stalled earlier claim of it still runs).
+    flights: Mutex<HashMap<uuid::Uuid, Flight>>,
     completions: mpsc::UnboundedSender<completer::Completion>,
     /// Set when the shutdown grace has elapsed: handlers are cancelled.
     hard_stop: watch::Receiver<bool>,

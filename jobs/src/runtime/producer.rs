@@ -45,10 +45,11 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) ->
         }
         while executors.try_join_next().is_some() {}
 
-        if !periodic.is_empty() && armed_at.is_none_or(|t| t.elapsed() >= arm_every) {
-            if arm_periodic(&shared, &periodic).await {
-                armed_at = Some(Instant::now());
-            }
+        if !periodic.is_empty()
+            && armed_at.is_none_or(|t| t.elapsed() >= arm_every)
+            && arm_periodic(&shared, &periodic).await
+        {
+            armed_at = Some(Instant::now());
         }
 
         let (total_free, per_kind) = shared.free();

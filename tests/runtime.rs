@@ -1,0 +1,822 @@
+//! The runtime against a real database: claims, retries, leases, fencing, transaction
+//! mode, shutdown, crashes and database faults.
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{count, wait_until};
+use jobs::{EnqueueBatch, Job, JobContext, JobError, Runtime};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+/// A table where handlers record what they did, in the test's own database.
+async fn setup(pool: &PgPool) {
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS runs (job_id bigint, attempt int, note text, at timestamptz DEFAULT clock_timestamp())",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("CREATE TABLE IF NOT EXISTS results (job_id bigint PRIMARY KEY, attempt int)")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+async fn record(ctx: &JobContext, note: &str) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO runs (job_id, attempt, note) VALUES ($1, $2, $3)")
+        .bind(ctx.id())
+        .bind(ctx.attempt() as i32)
+        .bind(note)
+        .execute(ctx.pool())
+        .await?;
+    Ok(())
+}
+
+async fn runs(pool: &PgPool, note: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM runs WHERE note = $1")
+        .bind(note)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Runs a runtime for `kinds` in the background; the returned handle stops it.
+struct Running {
+    stop: Arc<Notify>,
+    task: tokio::task::JoinHandle<Result<(), jobs::Error>>,
+}
+
+impl Running {
+    fn start(runtime: Runtime) -> Running {
+        let stop = Arc::new(Notify::new());
+        let signal = stop.clone();
+        let task = tokio::spawn(runtime.run_until(async move { signal.notified().await }));
+        Running { stop, task }
+    }
+
+    async fn stop(self) {
+        self.stop.notify_one();
+        self.task
+            .await
+            .expect("runtime task")
+            .expect("runtime ends cleanly");
+    }
+}
+
+fn runtime(pool: &PgPool, kinds: &[&str]) -> Runtime {
+    // RUST_LOG=jobs=debug shows the runtime's events in a failing test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    Runtime::new(pool.clone())
+        .kinds(kinds.iter().copied())
+        .poll_interval(Duration::from_millis(50))
+        .rescue_interval(Duration::from_millis(50))
+        .shutdown_grace(Duration::from_secs(5))
+}
+
+// ---------------------------------------------------------------------------------
+// Every job runs, and no claim runs twice, with two runtimes.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.count")]
+struct Count {
+    n: u32,
+}
+
+#[jobs::handler]
+async fn count_handler(_job: Count, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "count").await?;
+    let mut tx = ctx.fenced_tx().await?;
+    sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
+        .bind(ctx.id())
+        .bind(ctx.attempt() as i32)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn two_runtimes_run_every_job_exactly_once(pool: PgPool) {
+    setup(&pool).await;
+    let mut batch = EnqueueBatch::new();
+    for n in 0..5_000 {
+        batch.push(&Count { n }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+
+    let a = Running::start(runtime(&pool, &["rt.count"]).concurrency(20));
+    let b = Running::start(runtime(&pool, &["rt.count"]).concurrency(20));
+    wait_until("all 5000 jobs done", || async {
+        common::live(&pool).await == 0
+    })
+    .await;
+    a.stop().await;
+    b.stop().await;
+
+    let (runs, distinct, results): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM runs), (SELECT count(DISTINCT job_id) FROM runs), (SELECT count(*) FROM results)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(results, 5_000, "every job's result recorded once");
+    assert_eq!(distinct, 5_000, "every job ran");
+    assert_eq!(runs, 5_000, "no claim ran twice");
+    assert_eq!(
+        common::count_kind(&pool, "rt.count").await,
+        0,
+        "completed jobs are deleted"
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Retries, permanent failure, snooze, panic, timeout, bad payload, max attempts.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.flaky", backoff = "10ms", max_attempts = 5, retain = "1h")]
+struct Flaky {
+    fail_times: u32,
+}
+
+#[jobs::handler]
+async fn flaky(job: Flaky, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "flaky").await?;
+    if ctx.attempt() <= job.fail_times {
+        return Err(std::io::Error::other(format!("attempt {} failed", ctx.attempt())).into());
+    }
+    Ok(())
+}
+
+async fn job_row(pool: &PgPool, id: i64) -> (String, i32, Option<String>) {
+    sqlx::query_as("SELECT state, attempts, last_error FROM jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn failures_are_retried_until_success_or_max_attempts(pool: PgPool) {
+    setup(&pool).await;
+    let ok = Flaky { fail_times: 2 }.enqueue(&pool).await.unwrap().id;
+    let doomed = Flaky { fail_times: 99 }.enqueue(&pool).await.unwrap().id;
+    let rt = Running::start(runtime(&pool, &["rt.flaky"]));
+    wait_until("both settled", || async {
+        job_row(&pool, ok).await.0 == "done" && job_row(&pool, doomed).await.0 == "failed"
+    })
+    .await;
+    rt.stop().await;
+
+    let (_, attempts, last_error) = job_row(&pool, ok).await;
+    assert_eq!(attempts, 3);
+    assert_eq!(last_error, None, "success clears the error");
+    let (_, attempts, last_error) = job_row(&pool, doomed).await;
+    assert_eq!(attempts, 5, "max_attempts");
+    assert_eq!(last_error.as_deref(), Some("attempt 5 failed"));
+    assert_eq!(runs(&pool, "flaky").await, 3 + 5);
+    // Backoff spaced the attempts on the database clock.
+    let gaps: Vec<f64> = sqlx::query_scalar::<_, Option<f64>>(
+        "SELECT extract(epoch FROM at - lag(at) OVER (ORDER BY at))::float8 FROM runs WHERE job_id = $1 ORDER BY at",
+    )
+    .bind(doomed)
+    .fetch_all(&pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .flatten()
+    .collect();
+    assert_eq!(gaps.len(), 4);
+    // Backoff 10ms doubling, jitter keeps at least half: >= 5, 10, 20, 40 ms.
+    for (i, gap) in gaps.iter().enumerate() {
+        let floor = 0.005 * f64::from(1u32 << i);
+        assert!(*gap >= floor, "gap {i} was {gap}s, below {floor}s");
+    }
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(
+    kind = "rt.outcomes",
+    backoff = "10ms",
+    max_attempts = 3,
+    retain = "1h",
+    timeout = "200ms"
+)]
+enum Outcome {
+    Permanent,
+    SnoozeOnce,
+    Panic,
+    Hang,
+}
+
+#[jobs::handler]
+async fn outcomes(job: Outcome, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "outcomes").await?;
+    match job {
+        Outcome::Permanent => Err(JobError::permanent("not worth retrying")),
+        Outcome::SnoozeOnce => {
+            let snoozed: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE job_id = $1")
+                .bind(ctx.id())
+                .fetch_one(ctx.pool())
+                .await?;
+            if snoozed == 1 {
+                Err(JobError::snooze(Duration::from_millis(20)))
+            } else {
+                Ok(())
+            }
+        }
+        Outcome::Panic => panic!("boom at attempt {}", ctx.attempt()),
+        Outcome::Hang => {
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    }
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn permanent_snooze_panic_and_timeout(pool: PgPool) {
+    setup(&pool).await;
+    let permanent = Outcome::Permanent.enqueue(&pool).await.unwrap().id;
+    let snooze = Outcome::SnoozeOnce.enqueue(&pool).await.unwrap().id;
+    let panic = Outcome::Panic.enqueue(&pool).await.unwrap().id;
+    let hang = Outcome::Hang.enqueue(&pool).await.unwrap().id;
+    let rt = Running::start(runtime(&pool, &["rt.outcomes"]));
+    wait_until("all settled", || async {
+        let mut settled = true;
+        for id in [permanent, snooze, panic, hang] {
+            settled &= ["done", "failed"].contains(&job_row(&pool, id).await.0.as_str());
+        }
+        settled
+    })
+    .await;
+    rt.stop().await;
+
+    let (state, attempts, err) = job_row(&pool, permanent).await;
+    assert_eq!((state.as_str(), attempts), ("failed", 1));
+    assert_eq!(err.as_deref(), Some("not worth retrying"));
+
+    let (state, attempts, _) = job_row(&pool, snooze).await;
+    assert_eq!(state, "done");
+    assert_eq!(attempts, 1, "a snooze spends no attempt");
+
+    let (state, attempts, err) = job_row(&pool, panic).await;
+    assert_eq!((state.as_str(), attempts), ("failed", 3));
+    assert_eq!(err.as_deref(), Some("handler panicked: boom at attempt 3"));
+
+    let (state, attempts, err) = job_row(&pool, hang).await;
+    assert_eq!((state.as_str(), attempts), ("failed", 3));
+    assert!(err.unwrap().starts_with("timed out after 200ms"));
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.typed", retain = "1h")]
+struct Typed {
+    count: u32,
+}
+
+#[jobs::handler]
+async fn typed(job: Typed, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, &format!("typed {}", job.count)).await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn bad_payload_fails_that_job_only(pool: PgPool) {
+    setup(&pool).await;
+    let bad: i64 = sqlx::query_scalar(
+        "INSERT INTO jobs (kind, payload, max_attempts) VALUES ('rt.typed', '{\"count\": \"many\"}', 5) RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let good = Typed { count: 3 }.enqueue(&pool).await.unwrap().id;
+    let rt = Running::start(runtime(&pool, &["rt.typed"]));
+    wait_until("both settled", || async {
+        job_row(&pool, bad).await.0 == "failed" && job_row(&pool, good).await.0 == "done"
+    })
+    .await;
+    rt.stop().await;
+    let (_, attempts, err) = job_row(&pool, bad).await;
+    assert_eq!(
+        attempts, 1,
+        "no retry for a payload that cannot deserialize"
+    );
+    let err = err.unwrap();
+    assert!(
+        err.contains("rt.typed") && err.contains("invalid type"),
+        "{err}"
+    );
+    assert_eq!(runs(&pool, "typed 3").await, 1);
+}
+
+// ---------------------------------------------------------------------------------
+// Kinds without a handler here are never touched.
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn kinds_without_a_handler_are_never_claimed(pool: PgPool) {
+    setup(&pool).await;
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts) SELECT 'nobody.here', '{}', 3 FROM generate_series(1, 500)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Another kind with a handler in this binary, but not given to this runtime.
+    Typed { count: 1 }.enqueue(&pool).await.unwrap();
+    for n in 0..50 {
+        Count { n }.enqueue(&pool).await.unwrap();
+    }
+    let rt = Running::start(runtime(&pool, &["rt.count"]));
+    wait_until("count jobs done", || async {
+        common::count_kind(&pool, "rt.count").await == 0
+    })
+    .await;
+    rt.stop().await;
+    let untouched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobs WHERE kind IN ('nobody.here', 'rt.typed') AND state = 'pending' AND attempts = 0 AND claimed_by IS NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(untouched, 501);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn claim_reads_only_its_kinds_claimable_rows(pool: PgPool) {
+    // A backlog of another kind and of future jobs of the same kind.
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts) SELECT 'nobody.here', '{}', 3 FROM generate_series(1, 100000)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, run_after) SELECT 'rt.count', '{\"n\":1}', 3, now() + interval '1 hour' FROM generate_series(1, 100000)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts) SELECT 'rt.count', '{\"n\":1}', 3 FROM generate_series(1, 20)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE jobs").execute(&pool).await.unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
+        jobs::__private::CLAIM_SQL
+    )))
+    .bind(vec!["rt.count"])
+    .bind(vec![10i32])
+    .bind(vec![Some(30_000i64)])
+    .bind(10i32)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+
+    let text = plan.to_string();
+    assert!(
+        text.contains("\"Index Name\":\"jobs_claim\""),
+        "claim uses jobs_claim: {text}"
+    );
+    let top = &plan[0]["Plan"];
+    let blocks =
+        top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap();
+    // 200,000 rows fill thousands of pages; the claim of 10 reads a few dozen.
+    assert!(blocks < 200, "the claim read {blocks} blocks: {text}");
+    let claimed = plan[0]["Plan"]["Actual Rows"].as_i64().unwrap();
+    assert_eq!(claimed, 10);
+}
+
+// ---------------------------------------------------------------------------------
+// Wake-up: an idle runtime that polls once an hour still starts a job at once.
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn notification_wakes_an_idle_runtime(pool: PgPool) {
+    setup(&pool).await;
+    let rt = Running::start(runtime(&pool, &["rt.typed"]).poll_interval(Duration::from_secs(3600)));
+    // Let it go idle: its first claim finds nothing.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Typed { count: 7 }.enqueue(&pool).await.unwrap();
+    wait_until("job ran without a poll", || async {
+        runs(&pool, "typed 7").await == 1
+    })
+    .await;
+    rt.stop().await;
+}
+
+// ---------------------------------------------------------------------------------
+// Re-run mark: a trigger that arrives while the job runs gets one more run.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.rerun", key = "key")]
+struct Rerun {
+    key: String,
+    version: u32,
+}
+
+#[jobs::handler]
+async fn rerun(job: Rerun, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, &format!("rerun v{}", job.version)).await?;
+    if job.version == 1 {
+        // A trigger for the same key while this one runs.
+        let e = Rerun {
+            key: job.key,
+            version: 2,
+        }
+        .enqueue(ctx.pool())
+        .await?;
+        assert_eq!(e.outcome, jobs::EnqueueOutcome::RerunMarked);
+    }
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn trigger_during_a_run_causes_one_more_run(pool: PgPool) {
+    setup(&pool).await;
+    Rerun {
+        key: "k".into(),
+        version: 1,
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    let rt = Running::start(runtime(&pool, &["rt.rerun"]));
+    wait_until("second run done", || async {
+        runs(&pool, "rerun v2").await == 1 && common::live(&pool).await == 0
+    })
+    .await;
+    rt.stop().await;
+    assert_eq!(runs(&pool, "rerun v1").await, 1);
+    assert_eq!(runs(&pool, "rerun v2").await, 1);
+}
+
+// ---------------------------------------------------------------------------------
+// Leases: a lost lease is reported, the job is taken over, a late result is refused.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(
+    kind = "rt.stall",
+    lease = "500ms",
+    cancel_on_lease_loss = false,
+    retain = "1h"
+)]
+struct Stall {}
+
+#[jobs::handler]
+async fn stall(_job: Stall, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "stall").await?;
+    if ctx.attempt() == 1 {
+        // Stand in for a worker that stalls past its lease: expire the claim, and wait
+        // for the runtime to notice and for another claim to take the job over.
+        sqlx::query("UPDATE jobs SET claimed_until = now() - interval '1 second' WHERE id = $1")
+            .bind(ctx.id())
+            .execute(ctx.pool())
+            .await?;
+        ctx.lease_lost().await;
+        assert!(ctx.is_lease_lost());
+        let pool = ctx.pool().clone();
+        let id = ctx.id();
+        wait_until("taken over", || async {
+            sqlx::query_scalar::<_, i32>("SELECT attempt FROM results WHERE job_id = $1")
+                .bind(id)
+                .fetch_optional(&pool)
+                .await
+                .unwrap()
+                == Some(2)
+        })
+        .await;
+        // The late result of the first claim is refused and writes nothing.
+        let refused = match ctx.fenced_tx().await {
+            Err(e) => e.is_lease_lost(),
+            Ok(_) => false,
+        };
+        record(
+            &ctx,
+            if refused {
+                "late refused"
+            } else {
+                "late accepted"
+            },
+        )
+        .await?;
+        return Err(JobError::lease_lost());
+    }
+    let mut tx = ctx.fenced_tx().await?;
+    sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
+        .bind(ctx.id())
+        .bind(ctx.attempt() as i32)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn expired_claim_is_taken_over_and_late_result_refused(pool: PgPool) {
+    setup(&pool).await;
+    let id = Stall {}.enqueue(&pool).await.unwrap().id;
+    let rt = Running::start(runtime(&pool, &["rt.stall"]));
+    wait_until("late write attempted", || async {
+        runs(&pool, "late refused").await + runs(&pool, "late accepted").await == 1
+    })
+    .await;
+    rt.stop().await;
+    assert_eq!(runs(&pool, "late refused").await, 1);
+    let results: Vec<(i64, i32)> = sqlx::query_as("SELECT job_id, attempt FROM results")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        results,
+        [(id, 2)],
+        "only the current claim's result is written"
+    );
+    assert_eq!(job_row(&pool, id).await.0, "done");
+}
+
+// ---------------------------------------------------------------------------------
+// Transaction mode.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(
+    kind = "rt.tx",
+    lease = "transaction",
+    backoff = "10ms",
+    max_attempts = 2,
+    retain = "1h"
+)]
+struct TxStep {
+    fail: bool,
+}
+
+#[jobs::handler]
+async fn tx_step(job: TxStep, ctx: JobContext) -> Result<(), JobError> {
+    let mut tx = ctx.tx().await?;
+    sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
+        .bind(ctx.id())
+        .bind(ctx.attempt() as i32)
+        .execute(&mut *tx)
+        .await?;
+    if job.fail {
+        return Err(JobError::retry("failed after writing"));
+    }
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn transaction_mode_commits_writes_with_completion_or_neither(pool: PgPool) {
+    setup(&pool).await;
+    let ok = TxStep { fail: false }.enqueue(&pool).await.unwrap().id;
+    let bad = TxStep { fail: true }.enqueue(&pool).await.unwrap().id;
+    let rt = Running::start(runtime(&pool, &["rt.tx"]));
+    wait_until("both settled", || async {
+        job_row(&pool, ok).await.0 == "done" && job_row(&pool, bad).await.0 == "failed"
+    })
+    .await;
+    rt.stop().await;
+    let results: Vec<i64> = sqlx::query_scalar("SELECT job_id FROM results")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(results, [ok], "the failing step's writes were rolled back");
+    let (_, attempts, err) = job_row(&pool, bad).await;
+    assert_eq!(attempts, 2, "failures are still counted");
+    assert_eq!(err.as_deref(), Some("failed after writing"));
+}
+
+// ---------------------------------------------------------------------------------
+// Shutdown: a job still running after the grace period is handed back.
+
+static HANG_STARTED: AtomicBool = AtomicBool::new(false);
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.forever")]
+struct Forever {}
+
+#[jobs::handler]
+async fn forever(_job: Forever, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "forever").await?;
+    HANG_STARTED.store(true, Ordering::SeqCst);
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn shutdown_hands_back_unfinished_jobs(pool: PgPool) {
+    setup(&pool).await;
+    let id = Forever {}.enqueue(&pool).await.unwrap().id;
+    let rt =
+        Running::start(runtime(&pool, &["rt.forever"]).shutdown_grace(Duration::from_millis(200)));
+    wait_until("handler started", || async {
+        runs(&pool, "forever").await == 1
+    })
+    .await;
+    rt.stop().await;
+    let (state, attempts, claimed, claimable): (String, i32, bool, bool) = sqlx::query_as(
+        "SELECT state, attempts, claimed_by IS NOT NULL, run_after <= now() FROM jobs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(state, "pending");
+    assert!(!claimed);
+    assert!(
+        claimable,
+        "claimable at once, without waiting for the lease"
+    );
+    assert_eq!(attempts, 0, "a hand-back spends no attempt");
+}
+
+// ---------------------------------------------------------------------------------
+// Registration is checked at start.
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn unknown_kind_in_runtime_filter_is_an_error(pool: PgPool) {
+    let err = Runtime::new(pool)
+        .kinds(["no.such.kind"])
+        .run_until(async {})
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no.such.kind"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------
+// A runtime process killed mid-handler: its job is taken over after the lease.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.crash", lease = "1s", retain = "1h")]
+struct Crash {}
+
+#[jobs::handler]
+async fn crash(_job: Crash, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "crash").await?;
+    if std::env::var_os("JOBS_TEST_CHILD").is_some() {
+        std::future::pending::<()>().await; // killed here
+    }
+    Ok(())
+}
+
+/// Not a test on its own: the body of the child process of `killed_worker_...`.
+#[tokio::test]
+async fn child_runtime() {
+    let Ok(url) = std::env::var("JOBS_TEST_CHILD") else {
+        return;
+    };
+    let pool = PgPool::connect(&url).await.unwrap();
+    runtime(&pool, &["rt.crash"]).run().await.unwrap();
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn killed_worker_job_is_taken_over_after_its_lease(
+    pool_opts: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    let pool = pool_opts.connect_with(opts.clone()).await.unwrap();
+    setup(&pool).await;
+    let id = Crash {}.enqueue(&pool).await.unwrap().id;
+    let url = format!(
+        "postgres://{}@{}:{}/{}",
+        opts.get_username(),
+        opts.get_host(),
+        opts.get_port(),
+        opts.get_database().unwrap()
+    );
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_runtime", "--nocapture"])
+        .env("JOBS_TEST_CHILD", &url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_until("child started the job", || async {
+        runs(&pool, "crash").await == 1
+    })
+    .await;
+    child.start_kill().unwrap(); // SIGKILL
+    child.wait().await.unwrap();
+    assert_eq!(
+        job_row(&pool, id).await.0,
+        "running",
+        "the dead worker's claim remains"
+    );
+
+    let rt = Running::start(runtime(&pool, &["rt.crash"]));
+    wait_until("taken over and done", || async {
+        job_row(&pool, id).await.0 == "done"
+    })
+    .await;
+    rt.stop().await;
+    let (_, attempts, _) = job_row(&pool, id).await;
+    assert_eq!(attempts, 2, "the killed attempt counts");
+}
+
+// ---------------------------------------------------------------------------------
+// Database faults: a proxy between the runtime and PostgreSQL is cut and restored.
+
+/// A TCP proxy to PostgreSQL that the test can cut (dropping every connection and
+/// refusing new ones) and restore.
+struct Proxy {
+    port: u16,
+    up: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Proxy {
+    async fn start(target: (String, u16)) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (up, _) = tokio::sync::watch::channel(true);
+        let up = Arc::new(up);
+        let state = up.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if !*state.borrow() {
+                    let _ = inbound.shutdown().await;
+                    continue;
+                }
+                let target = target.clone();
+                let mut down = state.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = down.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Proxy { port, up }
+    }
+
+    fn cut(&self) {
+        self.up.send_replace(false);
+    }
+
+    fn restore(&self) {
+        self.up.send_replace(true);
+    }
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn database_outage_is_waited_out(
+    pool_opts: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    let pool = pool_opts.connect_with(opts.clone()).await.unwrap();
+    setup(&pool).await;
+    let proxy = Proxy::start((opts.get_host().to_owned(), opts.get_port())).await;
+    let proxied = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(5)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_with(opts.clone().host("127.0.0.1").port(proxy.port))
+        .await
+        .unwrap();
+    for n in 0..200 {
+        Count { n }.enqueue(&pool).await.unwrap();
+    }
+    let rt = Running::start(runtime(&proxied, &["rt.count"]).concurrency(4));
+    wait_until("some jobs done", || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM results")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            > 0
+    })
+    .await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // More work arrives while the runtime cannot reach the database.
+    for n in 200..300 {
+        Count { n }.enqueue(&pool).await.unwrap();
+    }
+    proxy.restore();
+    wait_until("every job done after the outage", || async {
+        common::count_kind(&pool, "rt.count").await == 0
+    })
+    .await;
+    rt.stop().await;
+    let results: i64 = sqlx::query_scalar("SELECT count(*) FROM results")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(results, 300, "every job's result recorded exactly once");
+    assert_eq!(count(&pool, "failed").await, 0);
+}
