@@ -820,3 +820,58 @@ async fn database_outage_is_waited_out(
     assert_eq!(results, 300, "every job's result recorded exactly once");
     assert_eq!(count(&pool, "failed").await, 0);
 }
+
+// ---------------------------------------------------------------------------------
+// Periodic kinds: one live job across replicas, re-armed one period after completion.
+
+#[derive(Job, Serialize, Deserialize, Default)]
+#[job(kind = "rt.periodic", every = "300ms")]
+struct Tick {}
+
+#[jobs::handler]
+async fn tick(_job: Tick, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "tick").await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn periodic_kind_keeps_one_live_job_across_replicas(pool: PgPool) {
+    setup(&pool).await;
+    let replicas: Vec<Running> = (0..3)
+        .map(|_| Running::start(runtime(&pool, &["rt.periodic"])))
+        .collect();
+    let mut max_live = 0;
+    while runs(&pool, "tick").await < 5 {
+        let live: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE kind = 'rt.periodic' AND state IN ('pending', 'running')",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        max_live = max_live.max(live);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for r in replicas {
+        r.stop().await;
+    }
+    assert_eq!(max_live, 1, "never more than one live job of the kind");
+    assert_eq!(
+        common::count_kind(&pool, "rt.periodic").await,
+        1,
+        "still armed"
+    );
+    // The period holds on the database clock: consecutive runs start at least one
+    // period apart (the next run is armed one period after the previous completes).
+    let gaps: Vec<f64> = sqlx::query_scalar::<_, Option<f64>>(
+        "SELECT extract(epoch FROM at - lag(at) OVER (ORDER BY at))::float8 FROM runs WHERE note = 'tick' ORDER BY at",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .flatten()
+    .collect();
+    assert!(gaps.len() >= 4);
+    for gap in gaps {
+        assert!(gap >= 0.3, "runs {gap}s apart, less than the period");
+    }
+}
