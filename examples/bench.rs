@@ -1,0 +1,344 @@
+//! The project's benchmark: enqueue, drain, pickup latency, backlog and scale-out.
+//!
+//! ```sh
+//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w2 w3 w4 w5]
+//! ```
+//!
+//! Each workload runs on a freshly created database (`JOBS_BENCH_DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/jobs_bench`). Prints a table and one JSON line
+//! per result; figures are medians of `--runs` runs.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use jobs::{EnqueueBatch, Job, JobContext, JobError, Runtime};
+use serde::{Deserialize, Serialize};
+use sqlx::migrate::MigrateDatabase;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgPool, Postgres};
+
+/// A no-op job.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "bench.noop")]
+struct Noop {
+    seq: u32,
+}
+
+static DONE: AtomicUsize = AtomicUsize::new(0);
+static STARTED: OnceLock<Mutex<HashMap<u32, Instant>>> = OnceLock::new();
+
+#[jobs::handler]
+async fn noop(job: Noop, _ctx: JobContext) -> Result<(), JobError> {
+    if let Some(started) = STARTED.get() {
+        started.lock().unwrap().insert(job.seq, Instant::now());
+    }
+    DONE.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+fn url() -> String {
+    std::env::var("JOBS_BENCH_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/jobs_bench".to_owned())
+}
+
+async fn fresh_database(max_connections: u32) -> PgPool {
+    let url = url();
+    if Postgres::database_exists(&url).await.unwrap() {
+        Postgres::force_drop_database(&url).await.unwrap();
+    }
+    Postgres::create_database(&url).await.unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect(&url)
+        .await
+        .unwrap();
+    jobs::migrate(&pool).await.unwrap();
+    pool
+}
+
+async fn pool(max_connections: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect(&url())
+        .await
+        .unwrap()
+}
+
+/// User plus system CPU seconds of this process so far.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| {
+        f.iter().filter_map(|v| v.parse::<f64>().ok()).sum()
+    });
+    ticks / 100.0
+}
+
+/// Peak resident set size of this process, in MB.
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn report(name: &str, unit: &str, values: Vec<f64>, extra: &[(&str, f64)]) {
+    let m = median(values.clone());
+    let extras: Vec<String> = extra.iter().map(|(k, v)| format!("{k}={v:.2}")).collect();
+    println!(
+        "{name:<34} {m:>12.1} {unit:<8} runs={values:.1?} {}",
+        extras.join(" ")
+    );
+    let mut json =
+        serde_json::json!({ "workload": name, "unit": unit, "median": m, "runs": values });
+    for (k, v) in extra {
+        json[*k] = serde_json::json!(v);
+    }
+    println!("{json}");
+}
+
+async fn enqueue_bulk(pool: &PgPool, n: u32) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+        let mut batch = EnqueueBatch::new();
+        for &seq in chunk {
+            batch.push(&Noop { seq }).unwrap();
+        }
+        batch.enqueue(pool).await.unwrap();
+    }
+}
+
+async fn w1(n: u32, runs: usize) {
+    let mut single = Vec::new();
+    let mut bulk = Vec::new();
+    for _ in 0..runs {
+        let pool = fresh_database(4).await;
+        let t = Instant::now();
+        for seq in 0..n {
+            Noop { seq }.enqueue(&pool).await.unwrap();
+        }
+        single.push(f64::from(n) / t.elapsed().as_secs_f64());
+        pool.close().await;
+
+        let pool = fresh_database(4).await;
+        let t = Instant::now();
+        enqueue_bulk(&pool, n).await;
+        bulk.push(f64::from(n) / t.elapsed().as_secs_f64());
+        pool.close().await;
+    }
+    report("W1 enqueue, one at a time", "jobs/s", single, &[]);
+    report("W1 enqueue, bulk 1000 per call", "jobs/s", bulk, &[]);
+}
+
+/// Runs one runtime until `n` jobs are done and the table has no live job.
+async fn drain(pool: &PgPool, n: u32, concurrency: usize) -> (f64, f64) {
+    DONE.store(0, Ordering::SeqCst);
+    let cpu = cpu_seconds();
+    let watcher = pool.clone();
+    let t = Instant::now();
+    Runtime::new(pool.clone())
+        .concurrency(concurrency)
+        .run_until(async move {
+            while DONE.load(Ordering::Relaxed) < n as usize {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            wait_empty(&watcher).await;
+        })
+        .await
+        .unwrap();
+    let elapsed = t.elapsed().as_secs_f64();
+    (f64::from(n) / elapsed, cpu_seconds() - cpu)
+}
+
+async fn wait_empty(pool: &PgPool) {
+    loop {
+        let live: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE kind = 'bench.noop' AND state IN ('pending', 'running')",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if live == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn w2(n: u32, runs: usize, backlog: bool) {
+    for concurrency in [10, 100] {
+        let mut rates = Vec::new();
+        let mut cpus = Vec::new();
+        for _ in 0..runs {
+            let pool = fresh_database(12).await;
+            if backlog {
+                add_backlog(&pool).await;
+            }
+            enqueue_bulk(&pool, n).await;
+            let (rate, cpu) = drain(&pool, n, concurrency).await;
+            rates.push(rate);
+            cpus.push(cpu);
+            pool.close().await;
+        }
+        let name = if backlog {
+            format!("W4 drain with 2M backlog, conc {concurrency}")
+        } else {
+            format!("W2 drain, concurrency {concurrency}")
+        };
+        report(
+            &name,
+            "jobs/s",
+            rates,
+            &[("cpu_s", median(cpus)), ("peak_rss_mb", peak_rss_mb())],
+        );
+    }
+}
+
+async fn add_backlog(pool: &PgPool) {
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts) SELECT 'bench.unclaimed', '{\"seq\": 0}', 20 FROM generate_series(1, 1000000)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, run_after) SELECT 'bench.noop', '{\"seq\": 0}', 20, now() + interval '1 hour' FROM generate_series(1, 1000000)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("VACUUM ANALYZE jobs")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+async fn w3(runs: usize) {
+    let mut p50 = Vec::new();
+    let mut p99 = Vec::new();
+    let mut max = Vec::new();
+    for _ in 0..runs {
+        let pool = fresh_database(12).await;
+        STARTED
+            .get_or_init(|| Mutex::new(HashMap::new()))
+            .lock()
+            .unwrap()
+            .clear();
+        DONE.store(0, Ordering::SeqCst);
+        let mut before = HashMap::new();
+        let runtime_pool = pool.clone();
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let signal = stop.clone();
+        let rt = tokio::spawn(async move {
+            Runtime::new(runtime_pool)
+                .run_until(async move { signal.notified().await })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for seq in 0..200u32 {
+            before.insert(seq, Instant::now());
+            Noop { seq }.enqueue(&pool).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        while DONE.load(Ordering::Relaxed) < 200 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.notify_one();
+        rt.await.unwrap().unwrap();
+        let started = STARTED.get().unwrap().lock().unwrap();
+        let mut lat: Vec<f64> = before
+            .iter()
+            .map(|(seq, t)| started[seq].duration_since(*t).as_secs_f64() * 1000.0)
+            .collect();
+        lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        p50.push(lat[lat.len() / 2]);
+        p99.push(lat[lat.len() * 99 / 100]);
+        max.push(lat[lat.len() - 1]);
+        pool.close().await;
+    }
+    report("W3 pickup latency p50", "ms", p50, &[]);
+    report("W3 pickup latency p99", "ms", p99, &[]);
+    report("W3 pickup latency max", "ms", max, &[]);
+}
+
+async fn w5(n: u32, runs: usize) {
+    for processes in [1, 2, 4] {
+        let mut rates = Vec::new();
+        for _ in 0..runs {
+            let pool = fresh_database(4).await;
+            enqueue_bulk(&pool, n).await;
+            let t = Instant::now();
+            let children: Vec<_> = (0..processes)
+                .map(|_| {
+                    tokio::process::Command::new(std::env::current_exe().unwrap())
+                        .arg("--child")
+                        .kill_on_drop(true)
+                        .spawn()
+                        .unwrap()
+                })
+                .collect();
+            wait_empty(&pool).await;
+            rates.push(f64::from(n) / t.elapsed().as_secs_f64());
+            for mut child in children {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            }
+            pool.close().await;
+        }
+        report(
+            &format!("W5 drain, {processes} process(es), conc 100"),
+            "jobs/s",
+            rates,
+            &[],
+        );
+    }
+}
+
+/// A runtime process for W5, stopped by the parent.
+async fn child() {
+    let pool = pool(12).await;
+    Runtime::new(pool).concurrency(100).run().await.unwrap();
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child") {
+        child().await;
+        return;
+    }
+    let mut runs = 3;
+    let mut n = 20_000;
+    let mut workloads = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--runs" => runs = it.next().and_then(|v| v.parse().ok()).expect("--runs N"),
+            "--jobs" => n = it.next().and_then(|v| v.parse().ok()).expect("--jobs N"),
+            w => workloads.push(w.to_owned()),
+        }
+    }
+    if workloads.is_empty() {
+        workloads = ["w1", "w2", "w3", "w4", "w5"].map(String::from).to_vec();
+    }
+    println!("{:<34} {:>12} unit", "workload", "median");
+    for w in &workloads {
+        match w.as_str() {
+            "w1" => w1(n, runs).await,
+            "w2" => w2(n, runs, false).await,
+            "w3" => w3(runs).await,
+            "w4" => w2(n, runs, true).await,
+            "w5" => w5(n, runs).await,
+            other => panic!("unknown workload {other}: expected w1..w5"),
+        }
+    }
+}
