@@ -254,7 +254,7 @@ async fn w3(runs: usize) {
         }
         stop.notify_one();
         rt.await.unwrap().unwrap();
-        let started = STARTED.get().unwrap().lock().unwrap();
+        let started = STARTED.get().unwrap().lock().unwrap().clone();
         let mut lat: Vec<f64> = before
             .iter()
             .map(|(seq, t)| started[seq].duration_since(*t).as_secs_f64() * 1000.0)

@@ -1,6 +1,7 @@
 //! Parsing of the `#[job(...)]` attribute into typed settings.
 
 use proc_macro2::Span;
+use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned;
 use syn::{Attribute, Expr, ExprArray, ExprLit, Lit, LitBool, LitInt, LitStr};
 
@@ -21,6 +22,8 @@ pub(crate) enum Lease {
 #[derive(Default)]
 pub(crate) struct JobAttr {
     pub kind: Option<LitStr>,
+    /// `kind` was written, even if its value was wrong: no "missing kind" error then.
+    pub kind_given: bool,
     pub key: Vec<LitStr>,
     pub key_span: Option<Span>,
     pub max_attempts: Option<u32>,
@@ -46,6 +49,28 @@ const TIMEOUT: &str = "timeout";
 const CONCURRENCY: &str = "concurrency";
 const RETAIN: &str = "retain";
 const EVERY: &str = "every";
+
+/// Each key with an example of its value, shown when the value is wrong or missing.
+const EXAMPLES: &[(&str, &str)] = &[
+    (KIND, "kind = \"session.delete\""),
+    (
+        KEY,
+        "key = \"session_id\" or key = [\"tenant\", \"session_id\"]",
+    ),
+    (MAX_ATTEMPTS, "max_attempts = 5"),
+    (BACKOFF, "backoff = \"1s\""),
+    (MAX_BACKOFF, "max_backoff = \"1h\""),
+    (LEASE, "lease = \"30s\" or lease = \"transaction\""),
+    (CANCEL_ON_LEASE_LOSS, "cancel_on_lease_loss = false"),
+    (TIMEOUT, "timeout = \"5m\""),
+    (CONCURRENCY, "concurrency = 4"),
+    (RETAIN, "retain = \"7d\""),
+    (EVERY, "every = \"10m\""),
+];
+
+/// Durations that make no sense at zero: a lease that is over at once, a handler
+/// cancelled at once, a period of nothing.
+const NONZERO: &[&str] = &[LEASE, TIMEOUT, EVERY];
 
 const KEYS: &[&str] = &[
     KIND,
@@ -83,14 +108,15 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
     let mut seen: Vec<String> = Vec::new();
     for attr in attrs.iter().filter(|a| a.path().is_ident("job")) {
         let result = attr.parse_nested_meta(|meta| {
-            let Some(ident) = meta.path.get_ident().map(ToString::to_string) else {
-                return Err(meta.error(unknown_key_message("?")));
-            };
+            let ident = meta
+                .path
+                .segments
+                .iter()
+                .map(|s| s.ident.to_string())
+                .collect::<Vec<_>>()
+                .join("::");
             if !KEYS.contains(&ident.as_str()) {
-                // Consume a value, if any, so that parsing continues to the next key.
-                if meta.input.peek(syn::Token![=]) {
-                    let _: Expr = meta.value()?.parse()?;
-                }
+                skip_value(&meta)?;
                 errors.push(meta.error(unknown_key_message(&ident)));
                 return Ok(());
             }
@@ -98,10 +124,20 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
                 errors.push(meta.error(format!("duplicate job attribute `{ident}`")));
             }
             seen.push(ident.clone());
-            let value: Expr = meta.value()?.parse()?;
+            if ident == KIND {
+                out.kind_given = true;
+            }
+            if !meta.input.peek(syn::Token![=]) {
+                // `#[job(kind)]` or `#[job(max_attempts(5))]`: say what the value looks like.
+                skip_value(&meta)?;
+                let example = example(&ident);
+                errors.push(meta.error(format!("expected a value: {example}")));
+                return Ok(());
+            }
+            let value = ungroup(meta.value()?.parse()?);
             match ident.as_str() {
                 // #[job(kind = "session.delete")]
-                KIND => match string(&value, "kind = \"session.delete\"") {
+                KIND => match string(&value, example(KIND)) {
                     Ok(lit) if lit.value().is_empty() => errors.push(syn::Error::new(
                         lit.span(),
                         "the job kind must not be empty",
@@ -122,7 +158,7 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
                     }
                 }
                 // #[job(max_attempts = 5)]
-                MAX_ATTEMPTS => match positive(&value, "max_attempts = 5") {
+                MAX_ATTEMPTS => match positive(&value, example(MAX_ATTEMPTS)) {
                     Ok(n) => out.max_attempts = Some(n),
                     Err(e) => errors.push(e),
                 },
@@ -131,8 +167,19 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
                 // #[job(max_backoff = "1h")]
                 MAX_BACKOFF => out.max_backoff = duration(&value, MAX_BACKOFF, errors),
                 // #[job(lease = "30s")] or #[job(lease = "transaction")]
-                LEASE => match string(&value, "lease = \"30s\" or lease = \"transaction\"") {
+                LEASE => match string(&value, example(LEASE)) {
                     Ok(lit) if lit.value() == "transaction" => out.lease = Some(Lease::Transaction),
+                    Ok(lit)
+                        if !lit
+                            .value()
+                            .trim_start()
+                            .starts_with(|c: char| c.is_ascii_digit()) =>
+                    {
+                        errors.push(syn::Error::new(
+                            lit.span(),
+                            format!("expected a duration or \"transaction\": {}", example(LEASE)),
+                        ));
+                    }
                     Ok(_) => {
                         out.lease = duration(&value, LEASE, errors).map(Lease::Heartbeat);
                     }
@@ -146,13 +193,16 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
                     }) => out.cancel_on_lease_loss = Some(*value),
                     other => errors.push(syn::Error::new_spanned(
                         other,
-                        "expected `true` or `false`: cancel_on_lease_loss = false",
+                        format!(
+                            "expected `true` or `false`: {}",
+                            example(CANCEL_ON_LEASE_LOSS)
+                        ),
                     )),
                 },
                 // #[job(timeout = "5m")]
                 TIMEOUT => out.timeout = duration(&value, TIMEOUT, errors),
                 // #[job(concurrency = 4)]
-                CONCURRENCY => match positive(&value, "concurrency = 4") {
+                CONCURRENCY => match positive(&value, example(CONCURRENCY)) {
                     Ok(n) => out.concurrency = Some(n),
                     Err(e) => errors.push(e),
                 },
@@ -172,6 +222,33 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
         }
     }
     out
+}
+
+/// Consumes the value of a key that cannot be used, so that parsing goes on to the
+/// next key and reports its mistakes too.
+fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
+    if meta.input.peek(syn::Token![=]) {
+        let _: Expr = meta.value()?.parse()?;
+    } else if meta.input.peek(syn::token::Paren) {
+        let _: proc_macro2::TokenTree = meta.input.parse()?;
+    }
+    Ok(())
+}
+
+/// The expression inside the invisible groups around a value that a `macro_rules!`
+/// macro passed on as an `expr` fragment: `#[job(kind = $kind)]`.
+fn ungroup(mut value: Expr) -> Expr {
+    while let Expr::Group(group) = value {
+        value = *group.expr;
+    }
+    value
+}
+
+fn example(key: &str) -> &'static str {
+    EXAMPLES
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or("", |(_, example)| example)
 }
 
 fn unknown_key_message(key: &str) -> String {
@@ -216,14 +293,12 @@ fn parse_int(n: &LitInt) -> Option<u32> {
 }
 
 fn duration(value: &Expr, key: &str, errors: &mut Errors) -> Option<Millis> {
-    let example = format!("{key} = \"30s\"");
-    match string(value, &example) {
+    match string(value, example(key)) {
         Ok(lit) => match parse_millis(&lit.value()) {
-            Ok(0) if key != "every" => Some(Millis { value: 0 }),
-            Ok(0) => {
+            Ok(0) if NONZERO.contains(&key) => {
                 errors.push(syn::Error::new(
                     lit.span(),
-                    "the period must be longer than zero",
+                    format!("`{key}` must be longer than zero: {}", example(key)),
                 ));
                 None
             }
@@ -241,20 +316,20 @@ fn duration(value: &Expr, key: &str, errors: &mut Errors) -> Option<Millis> {
 }
 
 fn key_fields(value: &Expr) -> syn::Result<Vec<LitStr>> {
-    const EXAMPLE: &str = "expected a field name or a list of them: key = \"session_id\" or key = [\"tenant\", \"session_id\"]";
+    let message = format!("expected a field name or a list of them: {}", example(KEY));
     match value {
         Expr::Lit(ExprLit {
             lit: Lit::Str(s), ..
         }) => Ok(vec![s.clone()]),
         Expr::Array(ExprArray { elems, .. }) if !elems.is_empty() => elems
             .iter()
-            .map(|e| match e {
+            .map(|e| match ungroup(e.clone()) {
                 Expr::Lit(ExprLit {
                     lit: Lit::Str(s), ..
-                }) => Ok(s.clone()),
-                other => Err(syn::Error::new_spanned(other, EXAMPLE)),
+                }) => Ok(s),
+                other => Err(syn::Error::new_spanned(other, &message)),
             })
             .collect(),
-        other => Err(syn::Error::new_spanned(other, EXAMPLE)),
+        other => Err(syn::Error::new_spanned(other, &message)),
     }
 }

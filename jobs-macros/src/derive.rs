@@ -17,8 +17,9 @@ pub(crate) fn expand(input: &DeriveInput) -> TokenStream {
 }
 
 /// Checks what parsing alone cannot: a kind is given, key fields exist, no generics.
-fn validate(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) -> Vec<syn::Ident> {
-    if attr.kind.is_none() {
+/// Returns the key fields, each with the span of the string in `key = ...` that names it.
+fn validate(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) -> Vec<(syn::Ident, Span)> {
+    if !attr.kind_given {
         errors.push(syn::Error::new_spanned(
             &input.ident,
             "missing job kind: add #[job(kind = \"session.delete\")]",
@@ -62,7 +63,7 @@ fn validate(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) -> Vec<syn
             .filter_map(|f| f.ident.as_ref())
             .find(|ident| *ident == name.as_str())
         {
-            Some(ident) => found.push(ident.clone()),
+            Some(ident) => found.push((ident.clone(), lit.span())),
             None => errors.push(syn::Error::new(
                 lit.span(),
                 format!(
@@ -79,7 +80,11 @@ fn millis(ms: u64) -> TokenStream {
     quote!(::core::time::Duration::from_millis(#ms))
 }
 
-fn expand_impl(input: &DeriveInput, attr: &JobAttr, key_fields: &[syn::Ident]) -> TokenStream {
+fn expand_impl(
+    input: &DeriveInput,
+    attr: &JobAttr,
+    key_fields: &[(syn::Ident, Span)],
+) -> TokenStream {
     let ident = &input.ident;
     let kind = attr.kind.as_ref().expect("validated: kind is present");
 
@@ -124,13 +129,17 @@ fn expand_impl(input: &DeriveInput, attr: &JobAttr, key_fields: &[syn::Ident]) -
         config = quote!(#config.with_every(#d));
     }
 
-    let key_body = match key_fields {
-        [] => quote!(::core::option::Option::None),
-        [one] => quote!(::jobs::KeyPart::key_part(&self.#one)),
-        many => quote! {
-            ::jobs::__private::join_key_parts(&[
-                #(::jobs::KeyPart::key_part(&self.#many)),*
-            ])
+    // Each part is shown at the string that names its field, so that a field type
+    // without `KeyPart` is reported there and not at the derive.
+    let mut parts = key_fields.iter().map(|(field, span)| {
+        let at = Span::call_site().located_at(*span);
+        quote_spanned!(at=> ::jobs::KeyPart::key_part(&self.#field))
+    });
+    let key_body = match key_fields.len() {
+        0 => quote!(::core::option::Option::None),
+        1 => parts.next().expect("one key field"),
+        _ => quote! {
+            ::jobs::__private::join_key_parts(&[#(#parts),*])
         },
     };
 

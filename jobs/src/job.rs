@@ -28,6 +28,11 @@ use crate::error::Error;
 /// assert_eq!(BuildReport { report_id: 7 }.key().as_deref(), Some("7"));
 /// assert_eq!(BuildReport::CONFIG.max_attempts, 5);
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a job type",
+    label = "not a job",
+    note = "derive it: #[derive(jobs::Job, serde::Serialize, serde::Deserialize)] #[job(kind = \"...\")]"
+)]
 pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The kind string stored in the `kind` column, e.g. `session.delete`.
     const KIND: &'static str;
@@ -202,6 +207,10 @@ impl Default for JobConfig {
 /// Implemented for strings, integers, `bool`, `char`, [`uuid::Uuid`], references, and
 /// `Option<T>` (where `None` means the job has no key). Implement it for your own
 /// identifier types to use them in `key = "..."`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of a job key",
+    note = "implement jobs::KeyPart for it, or key the job on a string, integer or uuid field"
+)]
 pub trait KeyPart {
     /// The key text of this value, or `None` for "no key".
     fn key_part(&self) -> Option<String>;
