@@ -9,13 +9,13 @@ WITH picked AS MATERIALIZED (
     FOR NO KEY UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE jobs j SET state = 'running', attempts = j.attempts + 1,
-        claimed_by = md5(:token::text || ':' || :client_id)::uuid,
+        claimed_by = md5(:token::text || '-' || :client_id)::uuid,
         claimed_until = now() + interval '30 seconds'
     FROM picked WHERE j.id = picked.id
     RETURNING j.id
 )
 SELECT coalesce(array_agg(id), '{}') AS ids FROM claimed \gset
 DELETE FROM jobs
-WHERE id = ANY(:'ids'::bigint[])
-  AND claimed_by = md5(:token::text || ':' || :client_id)::uuid
+WHERE id = ANY(:ids::bigint[])
+  AND claimed_by = md5(:token::text || '-' || :client_id)::uuid
   AND claimed_until > now();

@@ -1,1 +1,705 @@
-//! Operators' view of the job table: list, inspect, retry, cancel, discard, count.
+//! Operators' view of the job table: list, inspect, retry, cancel, discard, count, prune.
+//!
+//! Each operation is one statement (prune is a loop of bounded ones), safe to run while
+//! runtimes claim and complete jobs: a statement touches only rows in the state it is
+//! about, and re-checks that state on the row version it changes, so an operator and a
+//! runtime racing for one row never both win. Times are the database clock's.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), jobs::Error> {
+//! use jobs::admin::{self, JobState, ListFilter};
+//!
+//! for job in admin::list(&pool, &ListFilter::new().state(JobState::Failed).limit(20)).await? {
+//!     println!("{} {} {:?}", job.id, job.kind, job.last_error);
+//!     admin::retry(&pool, job.id).await?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::PgRow;
+use sqlx::types::chrono::{DateTime, Utc};
+use sqlx::{Acquire, PgExecutor, Postgres, Row};
+
+use crate::error::Error;
+
+/// The columns of a [`JobRow`], in the order [`JobRow::from_row`] reads them. A claim
+/// in transaction mode ends at `infinity`, which chrono cannot hold: it is read as NULL
+/// plus a flag.
+macro_rules! job_columns {
+    () => {
+        "id, kind, key, state, attempts, max_attempts, run_after, last_error, payload, \
+         created_at, finished_at, nullif(claimed_until, 'infinity') AS claimed_until, \
+         coalesce(claimed_until = 'infinity', false) AS claim_unbounded"
+    };
+}
+
+/// Lists jobs newest first: `$1` state or NULL, `$2` kind or NULL, `$3` the keyset
+/// bound (only ids below it) or NULL, `$4` the page size.
+///
+/// Index: the primary key, read backwards from `$3`. With a state and a kind the
+/// planner can read the partial index of that state instead (`jobs_failed` and
+/// `jobs_running` are `(kind, id)`, so their range is already in id order); a cached
+/// generic plan falls back to the primary key with a filter.
+const LIST_NEWEST: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    r#"
+FROM jobs
+WHERE ($1::text IS NULL OR state = $1)
+  AND ($2::text IS NULL OR kind = $2)
+  AND ($3::bigint IS NULL OR id < $3)
+ORDER BY id DESC
+LIMIT $4
+"#
+);
+
+/// Lists jobs oldest first, ids above `$3`; otherwise as [`LIST_NEWEST`].
+///
+/// Index: the primary key read forwards from `$3` (or a state's partial index, as in
+/// [`LIST_NEWEST`]).
+const LIST_OLDEST: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    r#"
+FROM jobs
+WHERE ($1::text IS NULL OR state = $1)
+  AND ($2::text IS NULL OR kind = $2)
+  AND ($3::bigint IS NULL OR id > $3)
+ORDER BY id
+LIMIT $4
+"#
+);
+
+/// One job by id (`$1`).
+///
+/// Index: the primary key.
+const GET: &str = concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1");
+
+/// Retries failed job `$1`: pending again, claimable now, attempts reset, `last_error`
+/// kept. When the job's key already has a live (pending or running) job, that job is a
+/// newer trigger of the same key and covers this one: the failed row is deleted instead
+/// (moving it to pending would break `jobs_live_key`). Returns the id and, when it was
+/// merged, the live job's id. Notifies the runtimes when the job is pending again.
+///
+/// Index: the primary key for the failed row (locked first, so a concurrent retry or
+/// discard of it waits and then finds it gone), `jobs_live_key (kind, key)` for the
+/// live job of its key.
+const RETRY_ONE: &str = r#"
+WITH target AS MATERIALIZED (
+    SELECT id, kind, key FROM jobs WHERE id = $1 AND state = 'failed' FOR UPDATE
+),
+plan AS MATERIALIZED (
+    SELECT t.id, t.kind,
+           (SELECT l.id FROM jobs l
+            WHERE l.kind = t.kind AND l.key = t.key AND l.state IN ('pending', 'running')
+            LIMIT 1) AS live_id
+    FROM target t
+),
+merged AS (
+    DELETE FROM jobs j USING plan p
+    WHERE j.id = p.id AND p.live_id IS NOT NULL AND j.state = 'failed'
+    RETURNING j.id, p.live_id
+),
+retried AS (
+    UPDATE jobs j SET
+        state = 'pending',
+        attempts = 0,
+        run_after = now(),
+        finished_at = NULL,
+        rerun_after = NULL,
+        claimed_by = NULL,
+        claimed_until = NULL
+    FROM plan p
+    WHERE j.id = p.id AND p.live_id IS NULL AND j.state = 'failed'
+    RETURNING j.id, j.kind
+),
+notify AS (
+    SELECT count(pg_notify('jobs', r.kind)) AS notified FROM retried r
+)
+SELECT r.id, NULL::bigint AS live_id FROM retried r CROSS JOIN notify
+UNION ALL
+SELECT m.id, m.live_id FROM merged m
+"#;
+
+/// Retries every failed job of kind `$1`, as [`RETRY_ONE`] does one. Failed jobs of one
+/// key with no live job: the newest (highest id, the latest trigger) becomes pending and
+/// covers the others, which are deleted, since one key may have one live job. Returns
+/// the number retried and the number merged. One notification when any is retried.
+///
+/// Index: `jobs_failed (kind, id) WHERE state = 'failed'`, locked in id order (so two
+/// concurrent retries of a kind cannot deadlock); `jobs_live_key` per keyed row.
+const RETRY_KIND: &str = r#"
+WITH target AS MATERIALIZED (
+    SELECT id, key FROM jobs WHERE kind = $1 AND state = 'failed' ORDER BY id FOR UPDATE
+),
+plan AS MATERIALIZED (
+    SELECT t.id,
+           coalesce(
+               (SELECT l.id FROM jobs l
+                WHERE l.kind = $1 AND l.key = t.key AND l.state IN ('pending', 'running')
+                LIMIT 1),
+               CASE WHEN t.key IS NOT NULL AND t.id <> max(t.id) OVER (PARTITION BY t.key)
+                    THEN max(t.id) OVER (PARTITION BY t.key) END
+           ) AS covered_by
+    FROM target t
+),
+merged AS (
+    DELETE FROM jobs j USING plan p
+    WHERE j.id = p.id AND p.covered_by IS NOT NULL AND j.state = 'failed'
+    RETURNING j.id
+),
+retried AS (
+    UPDATE jobs j SET
+        state = 'pending',
+        attempts = 0,
+        run_after = now(),
+        finished_at = NULL,
+        rerun_after = NULL,
+        claimed_by = NULL,
+        claimed_until = NULL
+    FROM plan p
+    WHERE j.id = p.id AND p.covered_by IS NULL AND j.state = 'failed'
+    RETURNING j.id
+),
+notify AS (
+    SELECT pg_notify('jobs', $1) FROM (SELECT 1 FROM retried LIMIT 1) any_retried
+)
+SELECT (SELECT count(*) FROM retried) AS retried,
+       (SELECT count(*) FROM merged) AS merged,
+       (SELECT count(*) FROM notify) AS notified
+"#;
+
+/// Deletes pending job `$1`. A job a runtime is claiming at that instant is locked by
+/// the claim: the delete waits for it, re-checks the state, finds it running and
+/// deletes nothing.
+///
+/// Index: the primary key.
+const CANCEL: &str = "DELETE FROM jobs WHERE id = $1 AND state = 'pending' RETURNING id";
+
+/// Deletes failed job `$1`.
+///
+/// Index: the primary key.
+const DISCARD: &str = "DELETE FROM jobs WHERE id = $1 AND state = 'failed' RETURNING id";
+
+/// Counts per kind and state, and the age of the oldest claimable job, in microseconds,
+/// against `now()`.
+///
+/// Index: one partial index per state, each grouped by its leading `kind` (index-only
+/// scans where the visibility map allows): `jobs_claim (kind, run_after, id)` for the
+/// pending rows (its `run_after` splits claimable from scheduled and gives the lag),
+/// `jobs_running`, `jobs_done` and `jobs_failed`. No scan reads another state's rows.
+const STATS: &str = r#"
+WITH p AS (
+    SELECT kind,
+           count(*) FILTER (WHERE run_after <= now()) AS ready,
+           count(*) FILTER (WHERE run_after > now()) AS scheduled,
+           min(run_after) FILTER (WHERE run_after <= now()) AS oldest
+    FROM jobs WHERE state = 'pending' GROUP BY kind
+),
+r AS (SELECT kind, count(*) AS n FROM jobs WHERE state = 'running' GROUP BY kind),
+d AS (SELECT kind, count(*) AS n FROM jobs WHERE state = 'done' GROUP BY kind),
+f AS (SELECT kind, count(*) AS n FROM jobs WHERE state = 'failed' GROUP BY kind)
+SELECT kind,
+       coalesce(p.ready, 0) AS ready,
+       coalesce(p.scheduled, 0) AS scheduled,
+       coalesce(r.n, 0) AS running,
+       coalesce(d.n, 0) AS done,
+       coalesce(f.n, 0) AS failed,
+       (extract(epoch FROM now() - p.oldest) * 1000000)::bigint AS lag_us
+FROM p FULL JOIN r USING (kind) FULL JOIN d USING (kind) FULL JOIN f USING (kind)
+ORDER BY kind
+"#;
+
+/// The kinds that have done rows, one index probe per kind (a loose index scan).
+///
+/// Index: `jobs_done (kind, finished_at) WHERE state = 'done'`.
+const DONE_KINDS: &str = r#"
+WITH RECURSIVE k AS (
+    (SELECT kind FROM jobs WHERE state = 'done' ORDER BY kind LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.kind FROM jobs j WHERE j.state = 'done' AND j.kind > k.kind
+            ORDER BY j.kind LIMIT 1)
+    FROM k WHERE k.kind IS NOT NULL
+)
+SELECT kind FROM k WHERE kind IS NOT NULL
+"#;
+
+/// Deletes up to `$2` done rows of kind `$1` finished more than `$3` ms ago. Returns
+/// nothing; the row count is the command's.
+///
+/// Index: `jobs_done (kind, finished_at) WHERE state = 'done'`, a range scan from the
+/// oldest. `SKIP LOCKED`: concurrent pruners (other operators, the runtimes' retention
+/// prune) take disjoint rows and never wait on one another. The same statement as the
+/// runtime's retention prune, kept here so the operators' statements sit together.
+const PRUNE_BATCH: &str = r#"
+WITH old AS MATERIALIZED (
+    SELECT id FROM jobs
+    WHERE state = 'done' AND kind = $1
+      AND finished_at < now() - $3 * interval '1 millisecond'
+    ORDER BY finished_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM jobs j USING old WHERE j.id = old.id AND j.state = 'done'
+"#;
+
+/// The state of a job row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum JobState {
+    /// Waiting to be claimed, now or from its `run_after` on.
+    Pending,
+    /// Claimed by a runtime, under a lease.
+    Running,
+    /// Finished successfully; kept only by kinds that retain history.
+    Done,
+    /// Out of attempts or failed permanently; kept for operators.
+    Failed,
+}
+
+impl JobState {
+    /// Every state, in the order a job goes through them.
+    pub const ALL: [JobState; 4] = [
+        JobState::Pending,
+        JobState::Running,
+        JobState::Done,
+        JobState::Failed,
+    ];
+
+    /// The name stored in the `state` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = Error;
+
+    /// Parses a state's stored name (`pending`, `running`, `done`, `failed`).
+    fn from_str(s: &str) -> Result<Self, Error> {
+        JobState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "unknown job state `{s}`: expected pending, running, done or failed"
+                ))
+            })
+    }
+}
+
+/// One row of the job table, as an operator sees it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct JobRow {
+    /// The job's id.
+    pub id: i64,
+    /// The job's kind.
+    pub kind: String,
+    /// The key that coalesces its triggers, if it has one.
+    pub key: Option<String>,
+    /// Where it stands.
+    pub state: JobState,
+    /// How many times it has been claimed (counted at claim time).
+    pub attempts: i32,
+    /// How many claims it gets before it fails for good.
+    pub max_attempts: i32,
+    /// Not claimable before this instant.
+    pub run_after: DateTime<Utc>,
+    /// The error of its latest failed attempt.
+    pub last_error: Option<String>,
+    /// The job's serialized value.
+    pub payload: serde_json::Value,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When it became done or failed.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The end of the current claim's lease, while running. A claim in transaction mode
+    /// (the row lock is the lease) has no end in time: [`DateTime::<Utc>::MAX_UTC`].
+    pub claimed_until: Option<DateTime<Utc>>,
+}
+
+impl JobRow {
+    fn from_row(row: &PgRow) -> Result<JobRow, Error> {
+        let state: String = row.try_get("state")?;
+        let unbounded: bool = row.try_get("claim_unbounded")?;
+        let claimed_until: Option<DateTime<Utc>> = row.try_get("claimed_until")?;
+        Ok(JobRow {
+            id: row.try_get("id")?,
+            kind: row.try_get("kind")?,
+            key: row.try_get("key")?,
+            state: state.parse()?,
+            attempts: row.try_get("attempts")?,
+            max_attempts: row.try_get("max_attempts")?,
+            run_after: row.try_get("run_after")?,
+            last_error: row.try_get("last_error")?,
+            payload: row.try_get("payload")?,
+            created_at: row.try_get("created_at")?,
+            finished_at: row.try_get("finished_at")?,
+            claimed_until: if unbounded {
+                Some(DateTime::<Utc>::MAX_UTC)
+            } else {
+                claimed_until
+            },
+        })
+    }
+}
+
+/// Which way [`list`] pages through ids.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Order {
+    /// Highest id first: the latest jobs.
+    #[default]
+    NewestFirst,
+    /// Lowest id first.
+    OldestFirst,
+}
+
+/// What [`list`] returns: jobs of a state and/or kind, one page at a time.
+///
+/// Pages are keyset pages on the id: pass the last id of a page to
+/// [`after`](ListFilter::after) for the next one. Rows enqueued or deleted meanwhile
+/// never shift a page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListFilter {
+    /// Only jobs in this state.
+    pub state: Option<JobState>,
+    /// Only jobs of this kind.
+    pub kind: Option<String>,
+    /// Only jobs past this id in the listing's order (below it newest first, above it
+    /// oldest first).
+    pub after_id: Option<i64>,
+    /// At most this many jobs (100 unless set).
+    pub limit: i64,
+    /// Newest or oldest first.
+    pub order: Order,
+}
+
+impl Default for ListFilter {
+    fn default() -> Self {
+        ListFilter {
+            state: None,
+            kind: None,
+            after_id: None,
+            limit: 100,
+            order: Order::NewestFirst,
+        }
+    }
+}
+
+impl ListFilter {
+    /// Every job, newest first, 100 at most.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only jobs in `state`.
+    pub fn state(mut self, state: JobState) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// Only jobs of `kind`.
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = Some(kind.into());
+        self
+    }
+
+    /// The page after the job `id` (the last id of the previous page).
+    pub fn after(mut self, id: i64) -> Self {
+        self.after_id = Some(id);
+        self
+    }
+
+    /// At most `limit` jobs (at least 1).
+    pub fn limit(mut self, limit: i64) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Newest or oldest first.
+    pub fn order(mut self, order: Order) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// Lowest ids first.
+    pub fn oldest_first(self) -> Self {
+        self.order(Order::OldestFirst)
+    }
+}
+
+/// Lists the jobs that `filter` selects, one page.
+pub async fn list<'e, E>(executor: E, filter: &ListFilter) -> Result<Vec<JobRow>, Error>
+where
+    E: PgExecutor<'e>,
+{
+    if filter.limit < 1 {
+        return Err(Error::InvalidInput(format!(
+            "a listing's limit must be at least 1, not {}",
+            filter.limit
+        )));
+    }
+    let sql = match filter.order {
+        Order::NewestFirst => LIST_NEWEST,
+        Order::OldestFirst => LIST_OLDEST,
+    };
+    let rows = sqlx::query(sql)
+        .bind(filter.state.map(JobState::as_str))
+        .bind(filter.kind.as_deref())
+        .bind(filter.after_id)
+        .bind(filter.limit)
+        .fetch_all(executor)
+        .await?;
+    rows.iter().map(JobRow::from_row).collect()
+}
+
+/// The job `id`, in whatever state, or `None` when no row has that id.
+pub async fn get<'e, E>(executor: E, id: i64) -> Result<Option<JobRow>, Error>
+where
+    E: PgExecutor<'e>,
+{
+    let row = sqlx::query(GET).bind(id).fetch_optional(executor).await?;
+    row.as_ref().map(JobRow::from_row).transpose()
+}
+
+/// What [`retry`] did with a failed job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Retried {
+    /// The job is pending again under its id, claimable now, with a fresh attempt
+    /// budget. Its `last_error` is kept until it next finishes.
+    Pending,
+    /// The job's key already had a live (pending or running) job, `live_id`: a trigger
+    /// of the same key enqueued after this one failed, which covers it, as an enqueue
+    /// of a key with a pending job coalesces into it. The failed row was deleted
+    /// (turning it pending would make two live jobs of one key).
+    Merged {
+        /// The live job of the same key.
+        live_id: i64,
+    },
+}
+
+/// Retries the failed job `id`: see [`Retried`] for the two outcomes.
+///
+/// [`Error::NotFound`] when no failed job has this id (a pending, running or done job
+/// is never touched). In one narrow race, an enqueue of the same key that commits while
+/// this statement runs, PostgreSQL refuses the retry with a unique violation on
+/// `jobs_live_key` ([`Error::Database`]; see [`is_live_key_conflict`]): run it again and
+/// it merges into that new job.
+pub async fn retry<'e, E>(executor: E, id: i64) -> Result<Retried, Error>
+where
+    E: PgExecutor<'e>,
+{
+    let row: Option<(i64, Option<i64>)> = sqlx::query_as(RETRY_ONE)
+        .bind(id)
+        .fetch_optional(executor)
+        .await?;
+    match row {
+        None => Err(Error::NotFound(id)),
+        Some((_, None)) => Ok(Retried::Pending),
+        Some((_, Some(live_id))) => Ok(Retried::Merged { live_id }),
+    }
+}
+
+/// What [`retry_kind`] did with the failed jobs of a kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetriedKind {
+    /// Failed jobs that are pending again (see [`Retried::Pending`]).
+    pub retried: u64,
+    /// Failed jobs deleted because a job of the same key covers them: a live one, or
+    /// the newest failed one of the key, retried by this same call (see
+    /// [`Retried::Merged`]).
+    pub merged: u64,
+}
+
+impl RetriedKind {
+    /// How many failed jobs are no longer failed.
+    pub fn total(&self) -> u64 {
+        self.retried + self.merged
+    }
+}
+
+/// Retries every failed job of `kind`, in one statement: each becomes pending, as with
+/// [`retry`], except those a job of the same key covers (see [`RetriedKind::merged`]).
+///
+/// The race described at [`retry`] fails the whole statement; run it again.
+pub async fn retry_kind<'e, E>(executor: E, kind: &str) -> Result<RetriedKind, Error>
+where
+    E: PgExecutor<'e>,
+{
+    let (retried, merged, _notified): (i64, i64, i64) = sqlx::query_as(RETRY_KIND)
+        .bind(kind)
+        .fetch_one(executor)
+        .await?;
+    Ok(RetriedKind {
+        retried: count(retried),
+        merged: count(merged),
+    })
+}
+
+/// Whether `error` is the unique violation of `jobs_live_key` that [`retry`] and
+/// [`retry_kind`] hit when an enqueue of the same key races them. Running the retry
+/// again resolves it.
+pub fn is_live_key_conflict(error: &Error) -> bool {
+    match error {
+        Error::Database(sqlx::Error::Database(db)) => {
+            db.is_unique_violation() && db.constraint() == Some("jobs_live_key")
+        }
+        _ => false,
+    }
+}
+
+/// Deletes the pending job `id` before any runtime claims it.
+///
+/// [`Error::NotFound`] when no pending job has this id: a running job is left alone
+/// (its claim and its runtime carry on), and so is a job a runtime claims at the same
+/// instant.
+pub async fn cancel<'e, E>(executor: E, id: i64) -> Result<(), Error>
+where
+    E: PgExecutor<'e>,
+{
+    let row: Option<i64> = sqlx::query_scalar(CANCEL)
+        .bind(id)
+        .fetch_optional(executor)
+        .await?;
+    row.map(drop).ok_or(Error::NotFound(id))
+}
+
+/// Deletes the failed job `id` and its error.
+///
+/// [`Error::NotFound`] when no failed job has this id.
+pub async fn discard<'e, E>(executor: E, id: i64) -> Result<(), Error>
+where
+    E: PgExecutor<'e>,
+{
+    let row: Option<i64> = sqlx::query_scalar(DISCARD)
+        .bind(id)
+        .fetch_optional(executor)
+        .await?;
+    row.map(drop).ok_or(Error::NotFound(id))
+}
+
+/// The jobs of one kind, counted by state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KindStats {
+    /// The kind.
+    pub kind: String,
+    /// Pending and claimable now (`run_after` has passed).
+    pub ready: u64,
+    /// Pending, scheduled for later.
+    pub scheduled: u64,
+    /// Claimed by a runtime.
+    pub running: u64,
+    /// Done rows kept as history.
+    pub done: u64,
+    /// Failed rows kept for operators.
+    pub failed: u64,
+    /// How long the oldest claimable job has been waiting since its `run_after`, on
+    /// the database clock; `None` when no job is claimable. A lag that keeps growing
+    /// means no runtime claims this kind, or they cannot keep up.
+    pub lag: Option<Duration>,
+}
+
+impl KindStats {
+    /// Pending jobs, claimable now or later.
+    pub fn pending(&self) -> u64 {
+        self.ready + self.scheduled
+    }
+}
+
+/// Counts per kind (in kind order) of pending (ready and scheduled), running, done and
+/// failed jobs, with each kind's lag. Kinds with no rows are absent.
+pub async fn stats<'e, E>(executor: E) -> Result<Vec<KindStats>, Error>
+where
+    E: PgExecutor<'e>,
+{
+    type StatsRow = (String, i64, i64, i64, i64, i64, Option<i64>);
+    let rows: Vec<StatsRow> = sqlx::query_as(STATS).fetch_all(executor).await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(kind, ready, scheduled, running, done, failed, lag_us)| KindStats {
+                kind,
+                ready: count(ready),
+                scheduled: count(scheduled),
+                running: count(running),
+                done: count(done),
+                failed: count(failed),
+                lag: lag_us.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+            },
+        )
+        .collect())
+}
+
+/// Deletes the done rows (of `kind`, or of every kind) that finished more than
+/// `older_than` ago, `batch` rows per statement until a statement deletes fewer, and
+/// returns how many it deleted.
+///
+/// Bounded batches keep each statement's locks and WAL small; `SKIP LOCKED` lets
+/// several pruners (replicas, operators) run at once without waiting on one another,
+/// each row deleted by exactly one of them. `conn` is a pool (`&pool`, one connection is
+/// taken for the whole prune), a connection or a transaction (then every batch is part
+/// of it, and its locks are held until it ends).
+pub async fn prune<'a, A>(
+    conn: A,
+    kind: Option<&str>,
+    older_than: Duration,
+    batch: i64,
+) -> Result<u64, Error>
+where
+    A: Acquire<'a, Database = Postgres>,
+{
+    if batch < 1 {
+        return Err(Error::InvalidInput(format!(
+            "a prune batch must hold at least 1 row, not {batch}"
+        )));
+    }
+    let mut conn = conn.acquire().await?;
+    let kinds: Vec<String> = match kind {
+        Some(kind) => vec![kind.to_owned()],
+        None => sqlx::query_scalar(DONE_KINDS).fetch_all(&mut *conn).await?,
+    };
+    let older_ms = crate::enqueue::millis(older_than);
+    let mut deleted = 0;
+    for kind in &kinds {
+        loop {
+            let n = sqlx::query(PRUNE_BATCH)
+                .bind(kind)
+                .bind(batch)
+                .bind(older_ms)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            deleted += n;
+            if n < batch as u64 {
+                break;
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+/// A row count from the database, never negative.
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}

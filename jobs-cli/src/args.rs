@@ -1,0 +1,197 @@
+//! The command line: subcommands, options and the parsers of their values.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use jobs::admin::JobState;
+
+/// Inspect and operate the background jobs of a `jobs` database.
+#[derive(Debug, Parser)]
+#[command(name = "jobs", version, about)]
+pub struct Cli {
+    /// The database, as a PostgreSQL URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
+
+    /// Give up connecting after this long (250ms, 30s, 5m, ...).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration, global = true)]
+    pub connect_timeout: Duration,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the job table.
+    Migrate,
+    /// Jobs per kind: ready, scheduled, running, done, failed, and the lag of the oldest
+    /// claimable job.
+    Stats {
+        /// One JSON object per kind and line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List jobs, newest first, one page at a time.
+    List {
+        /// Only jobs in this state.
+        #[arg(long, value_enum)]
+        state: Option<StateArg>,
+        /// Only jobs of this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// At most this many jobs.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..))]
+        limit: i64,
+        /// The next page: only jobs past this id (the last id of the previous page).
+        #[arg(long, value_name = "ID")]
+        after: Option<i64>,
+        /// Lowest ids first.
+        #[arg(long)]
+        oldest: bool,
+        /// One JSON object per job and line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one job in full: payload, last error, timestamps.
+    Show {
+        /// The job's id.
+        id: i64,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a failed job pending again (claimable now, attempts reset), or every failed
+    /// job of a kind.
+    Retry {
+        /// The failed job's id.
+        #[arg(required_unless_present = "kind", conflicts_with = "kind")]
+        id: Option<i64>,
+        /// Every failed job of this kind instead.
+        #[arg(long)]
+        kind: Option<String>,
+    },
+    /// Delete a pending job before it runs (a running job is left alone).
+    Cancel {
+        /// The pending job's id.
+        id: i64,
+    },
+    /// Delete a failed job.
+    Discard {
+        /// The failed job's id.
+        id: i64,
+    },
+    /// Delete done jobs finished longer ago than a duration.
+    Prune {
+        /// How old a done job must be (250ms, 30s, 5m, 1h, 7d, or 1h30m).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        older_than: Duration,
+        /// Only jobs of this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Rows deleted per statement.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
+        batch: i64,
+    },
+}
+
+/// A job state as typed on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum StateArg {
+    /// Waiting to be claimed.
+    Pending,
+    /// Claimed by a runtime.
+    Running,
+    /// Finished, kept as history.
+    Done,
+    /// Out of attempts, kept for operators.
+    Failed,
+}
+
+impl From<StateArg> for JobState {
+    fn from(state: StateArg) -> Self {
+        match state {
+            StateArg::Pending => JobState::Pending,
+            StateArg::Running => JobState::Running,
+            StateArg::Done => JobState::Done,
+            StateArg::Failed => JobState::Failed,
+        }
+    }
+}
+
+/// Parses `250ms`, `30s`, `5m`, `1h`, `7d`, and sums like `1h30m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let expected = "expected a number and a unit (ms, s, m, h, d), as in 250ms, 30s, 5m, 1h, 7d";
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(format!("empty duration: {expected}"));
+    }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!("invalid duration `{text}`: {expected}"));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("invalid duration `{text}`: number too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit_ms: u64 = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            "" => return Err(format!("duration `{text}` lacks a unit: {expected}")),
+            other => {
+                return Err(format!(
+                    "unknown unit `{other}` in duration `{text}`: {expected}"
+                ));
+            }
+        };
+        rest = &rest[unit_len..];
+        let ms = n
+            .checked_mul(unit_ms)
+            .ok_or_else(|| format!("invalid duration `{text}`: too large"))?;
+        total = total
+            .checked_add(Duration::from_millis(ms))
+            .ok_or_else(|| format!("invalid duration `{text}`: too large"))?;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn bad_durations_are_refused() {
+        for bad in ["", "7", "d", "7w", "1.5h", "-1s", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,308 @@
+//! `jobs`: the operators' command for a `jobs` database. See [`jobs::admin`] for what each
+//! subcommand does to the job table.
+//!
+//! Exit codes: 0 done, 1 the operation failed (an unknown id, a database error), 2 a
+//! usage error, 3 the database cannot be reached.
+
+mod args;
+mod output;
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::Parser;
+use jobs::admin::{self, JobState, ListFilter, Order, Retried};
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection as _};
+
+use args::{Cli, Command};
+
+/// Why the command failed, and its exit code.
+#[derive(Debug)]
+enum Failure {
+    /// The operation failed: 1.
+    Operation(String),
+    /// The command line is incomplete: 2.
+    Usage(String),
+    /// The database cannot be reached: 3.
+    Connect(String),
+}
+
+impl Failure {
+    fn code(&self) -> u8 {
+        match self {
+            Failure::Operation(_) => 1,
+            Failure::Usage(_) => 2,
+            Failure::Connect(_) => 3,
+        }
+    }
+
+    fn message(&self) -> &str {
+        match self {
+            Failure::Operation(m) | Failure::Usage(m) | Failure::Connect(m) => m,
+        }
+    }
+}
+
+impl From<jobs::Error> for Failure {
+    fn from(e: jobs::Error) -> Self {
+        Failure::Operation(e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {}", failure.message());
+            ExitCode::from(failure.code())
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let Some(url) = cli.database_url.as_deref() else {
+        return Err(Failure::Usage(
+            "no database given: set DATABASE_URL or pass --database-url".to_owned(),
+        ));
+    };
+    let mut conn = connect(url, cli.connect_timeout).await?;
+    let result = execute(&mut conn, cli.command).await;
+    let _ = conn.close().await;
+    result
+}
+
+/// Opens the one connection the command uses. Messages name the host, port, database
+/// and user, never the password.
+async fn connect(url: &str, timeout: Duration) -> Result<PgConnection, Failure> {
+    let redact = |text: String| match password(url) {
+        Some(secret) if !secret.is_empty() => text.replace(secret, "***"),
+        _ => text,
+    };
+    let options = PgConnectOptions::from_str(url).map_err(|e| {
+        Failure::Connect(redact(format!(
+            "cannot connect to the database: the URL is not a valid PostgreSQL URL ({e})"
+        )))
+    })?;
+    let options = options.disable_statement_logging();
+    let target = format!(
+        "{}:{} (database `{}`, user `{}`)",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or(options.get_username()),
+        options.get_username()
+    );
+    match tokio::time::timeout(timeout, PgConnection::connect_with(&options)).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(Failure::Connect(redact(format!(
+            "cannot connect to the database at {target}: {e}"
+        )))),
+        Err(_) => Err(Failure::Connect(format!(
+            "cannot connect to the database at {target}: no answer within {}",
+            output::human(timeout)
+        ))),
+    }
+}
+
+/// The password in a URL's user info (`scheme://user:password@host/...`), as written.
+fn password(url: &str) -> Option<&str> {
+    let rest = &url[url.find("://")? + 3..];
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    let userinfo = &authority[..authority.rfind('@')?];
+    userinfo.split_once(':').map(|(_, secret)| secret)
+}
+
+async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failure> {
+    match command {
+        Command::Migrate => {
+            jobs::MIGRATOR
+                .run(&mut *conn)
+                .await
+                .map_err(jobs::Error::from)?;
+            print("migrations applied\n");
+        }
+        Command::Stats { json } => {
+            let stats = admin::stats(&mut *conn).await?;
+            if json {
+                print(&lines(stats.iter().map(output::stats_json)));
+            } else if stats.is_empty() {
+                print("no jobs\n");
+            } else {
+                print(&output::stats_table(&stats));
+            }
+        }
+        Command::List {
+            state,
+            kind,
+            limit,
+            after,
+            oldest,
+            json,
+        } => {
+            let mut filter = ListFilter::new().limit(limit).order(if oldest {
+                Order::OldestFirst
+            } else {
+                Order::NewestFirst
+            });
+            if let Some(state) = state {
+                filter = filter.state(state.into());
+            }
+            if let Some(kind) = kind {
+                filter = filter.kind(kind);
+            }
+            if let Some(after) = after {
+                filter = filter.after(after);
+            }
+            let rows = admin::list(&mut *conn, &filter).await?;
+            if json {
+                print(&lines(rows.iter().map(output::job_json)));
+            } else if rows.is_empty() {
+                print("no jobs match\n");
+            } else {
+                print(&output::jobs_table(&rows));
+                if rows.len() as i64 == limit
+                    && let Some(last) = rows.last()
+                {
+                    eprintln!("(more may follow: --after {})", last.id);
+                }
+            }
+        }
+        Command::Show { id, json } => {
+            let Some(job) = admin::get(&mut *conn, id).await? else {
+                return Err(Failure::Operation(format!("no job with id {id}")));
+            };
+            if json {
+                print(&lines([output::job_json(&job)]));
+            } else {
+                print(&output::job_detail(&job));
+            }
+        }
+        Command::Retry { id: Some(id), .. } => {
+            let mut outcome = admin::retry(&mut *conn, id).await;
+            if outcome.as_ref().is_err_and(admin::is_live_key_conflict) {
+                // An enqueue of the same key committed meanwhile: the second run merges.
+                outcome = admin::retry(&mut *conn, id).await;
+            }
+            match outcome {
+                Ok(Retried::Merged { live_id }) => print(&format!(
+                    "job {id} not requeued: job {live_id} of the same key is live and covers it; removed the failed row\n"
+                )),
+                Ok(_) => print(&format!("job {id} is pending again, claimable now\n")),
+                Err(jobs::Error::NotFound(_)) => {
+                    return Err(not_found(conn, id, JobState::Failed).await);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Command::Retry { id: None, kind } => {
+            let kind = kind.unwrap_or_default();
+            let mut outcome = admin::retry_kind(&mut *conn, &kind).await;
+            if outcome.as_ref().is_err_and(admin::is_live_key_conflict) {
+                outcome = admin::retry_kind(&mut *conn, &kind).await;
+            }
+            let done = outcome?;
+            let mut message = format!(
+                "{} failed job{} of kind `{kind}` pending again",
+                done.retried,
+                plural(done.retried)
+            );
+            if done.merged > 0 {
+                message.push_str(&format!(
+                    "; {} removed, covered by a job of the same key",
+                    done.merged
+                ));
+            }
+            message.push('\n');
+            print(&message);
+        }
+        Command::Cancel { id } => match admin::cancel(&mut *conn, id).await {
+            Ok(()) => print(&format!("job {id} cancelled\n")),
+            Err(jobs::Error::NotFound(_)) => {
+                return Err(not_found(conn, id, JobState::Pending).await);
+            }
+            Err(e) => return Err(e.into()),
+        },
+        Command::Discard { id } => match admin::discard(&mut *conn, id).await {
+            Ok(()) => print(&format!("job {id} discarded\n")),
+            Err(jobs::Error::NotFound(_)) => {
+                return Err(not_found(conn, id, JobState::Failed).await);
+            }
+            Err(e) => return Err(e.into()),
+        },
+        Command::Prune {
+            older_than,
+            kind,
+            batch,
+        } => {
+            let n = admin::prune(&mut *conn, kind.as_deref(), older_than, batch).await?;
+            print(&format!(
+                "{n} done job{} older than {} deleted\n",
+                plural(n),
+                output::human(older_than)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The failure for an id that has no job in the `wanted` state, saying which state it
+/// is in when it exists.
+async fn not_found(conn: &mut PgConnection, id: i64, wanted: JobState) -> Failure {
+    let mut message = format!("no {wanted} job with id {id}");
+    if let Ok(Some(job)) = admin::get(&mut *conn, id).await {
+        message.push_str(&format!(" (job {id} is {})", job.state));
+        if job.state == JobState::Running && wanted == JobState::Pending {
+            message.push_str(": a running job is left to its runtime");
+        }
+    }
+    Failure::Operation(message)
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// JSON values, one per line.
+fn lines(values: impl IntoIterator<Item = serde_json::Value>) -> String {
+    values.into_iter().map(|v| format!("{v}\n")).collect()
+}
+
+/// Writes to stdout; a reader that went away (`jobs list | head`) ends the command
+/// quietly.
+fn print(text: &str) {
+    let mut out = std::io::stdout().lock();
+    if out
+        .write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .is_err()
+    {
+        std::process::exit(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::password;
+
+    #[test]
+    fn finds_the_password_of_a_url() {
+        assert_eq!(password("postgres://u:s3cret@h:5432/db"), Some("s3cret"));
+        assert_eq!(password("postgres://u:p@ss@h/db"), Some("p@ss"));
+        assert_eq!(password("postgres://u@h/db"), None);
+        assert_eq!(password("postgres://h/db?user=x"), None);
+        assert_eq!(password("not a url"), None);
+    }
+}

@@ -1,0 +1,278 @@
+//! What the commands print: aligned tables for people, one JSON object per line for
+//! programs.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use jobs::admin::{JobRow, KindStats};
+use serde_json::{Value, json};
+use sqlx::types::chrono::{DateTime, Utc};
+
+/// A column's alignment.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    Left,
+    Right,
+}
+
+/// Lays out `rows` under `headers`, each column as wide as its widest cell, two spaces
+/// apart, with no trailing spaces.
+pub fn table(headers: &[(&str, Align)], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|(h, _)| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = headers.iter().map(|(h, _)| (*h).to_owned()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, ((_, align), cell)) in headers.iter().zip(row).enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            let pad = widths[i].saturating_sub(cell.chars().count());
+            match align {
+                Align::Left => {
+                    line.push_str(cell);
+                    line.extend(std::iter::repeat_n(' ', pad));
+                }
+                Align::Right => {
+                    line.extend(std::iter::repeat_n(' ', pad));
+                    line.push_str(cell);
+                }
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// An instant as RFC 3339 in UTC, to the second; a claim without end as `infinity`.
+pub fn time(t: &DateTime<Utc>) -> String {
+    if *t == DateTime::<Utc>::MAX_UTC {
+        "infinity".to_owned()
+    } else {
+        t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+    }
+}
+
+fn time_opt(t: Option<&DateTime<Utc>>) -> String {
+    t.map_or_else(|| "-".to_owned(), time)
+}
+
+/// A duration for people, to two units: `850ms`, `12s`, `5m03s`, `2h05m`, `3d04h`, and
+/// `5m`, `7d` when the second unit is zero.
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    let (major, major_unit, minor, minor_unit) = match s {
+        0 => return format!("{}ms", d.as_millis()),
+        1..60 => return format!("{s}s"),
+        60..3600 => (s / 60, "m", s % 60, "s"),
+        3600..86_400 => (s / 3600, "h", s % 3600 / 60, "m"),
+        _ => (s / 86_400, "d", s % 86_400 / 3600, "h"),
+    };
+    if minor == 0 {
+        format!("{major}{major_unit}")
+    } else {
+        format!("{major}{major_unit}{minor:02}{minor_unit}")
+    }
+}
+
+/// At most `max` characters of the first line of `text`, with `…` when cut.
+fn cut(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or("");
+    let multiline = line.len() < text.trim_end().len();
+    if line.chars().count() > max {
+        let mut s: String = line.chars().take(max.saturating_sub(1)).collect();
+        s.push('…');
+        s
+    } else if multiline {
+        format!("{line} …")
+    } else {
+        line.to_owned()
+    }
+}
+
+/// The jobs of a listing as a table.
+pub fn jobs_table(rows: &[JobRow]) -> String {
+    use Align::{Left, Right};
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|job| {
+            vec![
+                job.id.to_string(),
+                job.kind.clone(),
+                job.key
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), |k| cut(k, 24)),
+                job.state.to_string(),
+                format!("{}/{}", job.attempts, job.max_attempts),
+                time(&job.run_after),
+                time_opt(job.finished_at.as_ref()),
+                job.last_error
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), |e| cut(e, 60)),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            ("ID", Right),
+            ("KIND", Left),
+            ("KEY", Left),
+            ("STATE", Left),
+            ("ATTEMPTS", Right),
+            ("RUN AFTER", Left),
+            ("FINISHED", Left),
+            ("LAST ERROR", Left),
+        ],
+        &cells,
+    )
+}
+
+/// One job as a JSON object.
+pub fn job_json(job: &JobRow) -> Value {
+    json!({
+        "id": job.id,
+        "kind": job.kind,
+        "key": job.key,
+        "state": job.state.as_str(),
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "run_after": time(&job.run_after),
+        "last_error": job.last_error,
+        "payload": job.payload,
+        "created_at": time(&job.created_at),
+        "finished_at": job.finished_at.as_ref().map(time),
+        "claimed_until": job.claimed_until.as_ref().map(time),
+    })
+}
+
+/// One job in full, a field per line.
+pub fn job_detail(job: &JobRow) -> String {
+    let mut out = String::new();
+    let fields = [
+        ("id", job.id.to_string()),
+        ("kind", job.kind.clone()),
+        ("key", job.key.clone().unwrap_or_else(|| "-".to_owned())),
+        ("state", job.state.to_string()),
+        ("attempts", format!("{}/{}", job.attempts, job.max_attempts)),
+        ("run after", time(&job.run_after)),
+        ("created at", time(&job.created_at)),
+        ("finished at", time_opt(job.finished_at.as_ref())),
+        ("claimed until", time_opt(job.claimed_until.as_ref())),
+    ];
+    for (name, value) in fields {
+        let _ = writeln!(out, "{name:<14}{value}");
+    }
+    match &job.last_error {
+        None => out.push_str("last error    -\n"),
+        Some(e) => {
+            out.push_str("last error\n");
+            for line in e.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+    }
+    out.push_str("payload\n");
+    let pretty = serde_json::to_string_pretty(&job.payload).unwrap_or_default();
+    for line in pretty.lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+    out
+}
+
+/// The stats of every kind as a table, with a total row when there are several kinds.
+pub fn stats_table(stats: &[KindStats]) -> String {
+    use Align::{Left, Right};
+    let row = |kind: &str, s: [u64; 5], lag: Option<Duration>| {
+        let mut cells = vec![kind.to_owned()];
+        cells.extend(s.iter().map(u64::to_string));
+        cells.push(lag.map_or_else(|| "-".to_owned(), human));
+        cells
+    };
+    let mut cells: Vec<Vec<String>> = stats
+        .iter()
+        .map(|k| {
+            row(
+                &k.kind,
+                [k.ready, k.scheduled, k.running, k.done, k.failed],
+                k.lag,
+            )
+        })
+        .collect();
+    if stats.len() > 1 {
+        let sum = |f: fn(&KindStats) -> u64| stats.iter().map(f).sum::<u64>();
+        cells.push(row(
+            "(all)",
+            [
+                sum(|k| k.ready),
+                sum(|k| k.scheduled),
+                sum(|k| k.running),
+                sum(|k| k.done),
+                sum(|k| k.failed),
+            ],
+            stats.iter().filter_map(|k| k.lag).max(),
+        ));
+    }
+    table(
+        &[
+            ("KIND", Left),
+            ("READY", Right),
+            ("SCHEDULED", Right),
+            ("RUNNING", Right),
+            ("DONE", Right),
+            ("FAILED", Right),
+            ("LAG", Right),
+        ],
+        &cells,
+    )
+}
+
+/// One kind's stats as a JSON object; the lag in (fractional) seconds.
+pub fn stats_json(k: &KindStats) -> Value {
+    json!({
+        "kind": k.kind,
+        "ready": k.ready,
+        "scheduled": k.scheduled,
+        "running": k.running,
+        "done": k.done,
+        "failed": k.failed,
+        "lag_seconds": k.lag.map(|d| d.as_secs_f64()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(
+            &[("ID", Align::Right), ("NAME", Align::Left)],
+            &[vec!["7".into(), "a".into()], vec!["1234".into(), "".into()]],
+        );
+        assert_eq!(t, "  ID  NAME\n   7  a\n1234\n");
+    }
+
+    #[test]
+    fn human_durations() {
+        assert_eq!(human(Duration::from_millis(850)), "850ms");
+        assert_eq!(human(Duration::from_secs(12)), "12s");
+        assert_eq!(human(Duration::from_secs(303)), "5m03s");
+        assert_eq!(human(Duration::from_secs(7500)), "2h05m");
+        assert_eq!(human(Duration::from_secs(3 * 86_400 + 4 * 3600)), "3d04h");
+        assert_eq!(human(Duration::from_secs(300)), "5m");
+        assert_eq!(human(Duration::from_secs(7 * 86_400)), "7d");
+    }
+
+    #[test]
+    fn cut_keeps_the_first_line() {
+        assert_eq!(cut("short", 10), "short");
+        assert_eq!(cut("abcdefghijkl", 5), "abcd…");
+        assert_eq!(cut("first\nsecond", 20), "first …");
+    }
+}

@@ -1,0 +1,299 @@
+//! The `jobs` binary against a real database: output, exit codes and messages.
+#![allow(missing_docs)]
+
+use std::process::Output;
+
+use sqlx::PgPool;
+
+/// The URL of the test's own database: `DATABASE_URL` with its database replaced.
+fn url_of(pool: &PgPool) -> String {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set");
+    let options = pool.connect_options();
+    let db = options.get_database().expect("a test database");
+    let start = base.find("://").expect("a URL") + 3;
+    let (head, tail) = base.split_at(start);
+    let (authority, rest) = tail.split_at(tail.find('/').unwrap_or(tail.len()));
+    let query = rest.find('?').map_or("", |i| &rest[i..]);
+    format!("{head}{authority}/{db}{query}")
+}
+
+/// Runs `jobs args...` against `url`, off the async runtime.
+async fn jobs(url: &str, args: &[&str]) -> Output {
+    let url = url.to_owned();
+    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_jobs"))
+            .args(&args)
+            .env("DATABASE_URL", url)
+            .output()
+            .expect("run the jobs binary")
+    })
+    .await
+    .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8(out.stderr.clone()).unwrap()
+}
+
+async fn insert(pool: &PgPool, kind: &str, state: &str, error: Option<&str>) -> i64 {
+    sqlx::query_scalar(
+        "INSERT INTO jobs (kind, state, attempts, max_attempts, payload, last_error, finished_at) \
+         VALUES ($1, $2, 3, 3, '{\"n\": 1}', $3, CASE WHEN $2 IN ('done', 'failed') THEN now() END) \
+         RETURNING id",
+    )
+    .bind(kind)
+    .bind(state)
+    .bind(error)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn stats_on_an_empty_database(pool: PgPool) {
+    let out = jobs(&url_of(&pool), &["stats"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "no jobs\n");
+
+    let out = jobs(&url_of(&pool), &["stats", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(stdout(&out), "");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn stats_prints_an_aligned_table(pool: PgPool) {
+    insert(&pool, "email.send", "failed", Some("smtp: timeout")).await;
+    insert(&pool, "email.send", "pending", None).await;
+    insert(&pool, "report.build", "done", None).await;
+    let out = jobs(&url_of(&pool), &["stats"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert!(lines[0].starts_with("KIND"), "{text}");
+    assert!(lines[1].starts_with("email.send "), "{text}");
+    assert!(lines[3].starts_with("(all)"), "{text}");
+    // Right-aligned counts: every line's FAILED column ends at the same place.
+    let end = lines[0].find("FAILED").unwrap() + "FAILED".len();
+    assert_eq!(&lines[1][end - 1..end], "1", "{text}");
+    assert_eq!(&lines[2][end - 1..end], "0", "{text}");
+
+    let out = jobs(&url_of(&pool), &["stats", "--json"]).await;
+    let rows: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["kind"], "email.send");
+    assert_eq!(rows[0]["ready"], 1);
+    assert_eq!(rows[0]["failed"], 1);
+    assert!(rows[0]["lag_seconds"].is_f64());
+    assert_eq!(rows[1]["lag_seconds"], serde_json::Value::Null);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn list_failed_as_json(pool: PgPool) {
+    let first = insert(&pool, "email.send", "failed", Some("smtp: timeout")).await;
+    insert(&pool, "email.send", "pending", None).await;
+    let second = insert(&pool, "report.build", "failed", Some("line 1\nline 2")).await;
+
+    let out = jobs(&url_of(&pool), &["list", "--state", "failed", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let rows: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["id"], second);
+    assert_eq!(rows[0]["last_error"], "line 1\nline 2");
+    assert_eq!(rows[1]["id"], first);
+    assert_eq!(rows[1]["state"], "failed");
+    assert_eq!(rows[1]["kind"], "email.send");
+    assert_eq!(rows[1]["payload"]["n"], 1);
+    assert!(rows[1]["finished_at"].as_str().unwrap().ends_with('Z'));
+
+    // The table: a header and a row per job, the error cut to its first line.
+    let out = jobs(&url_of(&pool), &["list", "--state", "failed"]).await;
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 3, "{text}");
+    assert!(text.contains("smtp: timeout"), "{text}");
+    assert!(text.contains("line 1 …"), "{text}");
+
+    // Paging.
+    let out = jobs(
+        &url_of(&pool),
+        &[
+            "list",
+            "--limit",
+            "1",
+            "--after",
+            &second.to_string(),
+            "--json",
+        ],
+    )
+    .await;
+    let row: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(row["state"], "pending");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn retry_of_an_id_makes_the_job_pending(pool: PgPool) {
+    let id = insert(&pool, "email.send", "failed", Some("smtp: timeout")).await;
+    let out = jobs(&url_of(&pool), &["retry", &id.to_string()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("pending again"), "{}", stdout(&out));
+    let (state, attempts): (String, i32) =
+        sqlx::query_as("SELECT state, attempts FROM jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), attempts), ("pending", 0));
+
+    // Now pending: a second retry is refused, saying why.
+    let out = jobs(&url_of(&pool), &["retry", &id.to_string()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        format!("error: no failed job with id {id} (job {id} is pending)\n")
+    );
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn retry_kind_show_cancel_discard_prune(pool: PgPool) {
+    let url = url_of(&pool);
+    insert(&pool, "a", "failed", Some("x")).await;
+    insert(&pool, "a", "failed", Some("y")).await;
+    let out = jobs(&url, &["retry", "--kind", "a"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "2 failed jobs of kind `a` pending again\n");
+
+    let pending = insert(&pool, "b", "pending", None).await;
+    let out = jobs(&url, &["show", &pending.to_string()]).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        stdout(&out).contains("state         pending"),
+        "{}",
+        stdout(&out)
+    );
+    let out = jobs(&url, &["show", &pending.to_string(), "--json"]).await;
+    let job: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(job["id"], pending);
+
+    let out = jobs(&url, &["cancel", &pending.to_string()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let running = insert(&pool, "b", "running", None).await;
+    let out = jobs(&url, &["cancel", &running.to_string()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("is running"), "{}", stderr(&out));
+
+    let failed = insert(&pool, "b", "failed", Some("z")).await;
+    let out = jobs(&url, &["discard", &failed.to_string()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    sqlx::query(
+        "INSERT INTO jobs (kind, state, max_attempts, payload, finished_at) \
+         SELECT 'c', 'done', 1, '{}', now() - interval '8 days' FROM generate_series(1, 30)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let out = jobs(&url, &["prune", "--older-than", "7d", "--batch", "7"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "30 done jobs older than 7d deleted\n");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn unknown_id_fails_with_a_clear_message(pool: PgPool) {
+    let url = url_of(&pool);
+    for (args, message) in [
+        (
+            &["retry", "424242"][..],
+            "error: no failed job with id 424242\n",
+        ),
+        (
+            &["discard", "424242"],
+            "error: no failed job with id 424242\n",
+        ),
+        (
+            &["cancel", "424242"],
+            "error: no pending job with id 424242\n",
+        ),
+        (&["show", "424242"], "error: no job with id 424242\n"),
+    ] {
+        let out = jobs(&url, args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(stderr(&out), message, "{args:?}");
+        assert_eq!(stdout(&out), "", "{args:?}");
+    }
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn usage_errors_exit_2(pool: PgPool) {
+    let url = url_of(&pool);
+    for args in [
+        &["retry"][..],
+        &["retry", "1", "--kind", "a"],
+        &["list", "--state", "lost"],
+        &["list", "--limit", "0"],
+        &["prune", "--older-than", "7 weeks"],
+        &["frobnicate"],
+    ] {
+        let out = jobs(&url, args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn no_database_url_is_a_usage_error() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobs"))
+        .arg("stats")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        "error: no database given: set DATABASE_URL or pass --database-url\n"
+    );
+}
+
+#[tokio::test]
+async fn unreachable_database_exits_3_naming_the_host_not_the_password() {
+    // Port 1 on the loopback: nothing listens there, the connection is refused.
+    let out = jobs("postgres://ops:hunter2@127.0.0.1:1/app", &["stats"]).await;
+    assert_eq!(out.status.code(), Some(3));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("error: cannot connect to the database at 127.0.0.1:1"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+
+    for bad in ["not a url", "postgres://ops:hunter2@127.0.0.1:99999/app"] {
+        let out = jobs(bad, &["list"]).await;
+        assert_eq!(out.status.code(), Some(3), "{bad}");
+        let err = stderr(&out);
+        assert!(err.starts_with("error: cannot connect"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn migrate_creates_the_job_table(pool: PgPool) {
+    let url = url_of(&pool);
+    let out = jobs(&url, &["stats"]).await;
+    assert_eq!(out.status.code(), Some(1), "no job table yet");
+    assert!(stderr(&out).contains("jobs"), "{}", stderr(&out));
+
+    let out = jobs(&url, &["migrate"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "migrations applied\n");
+    let out = jobs(&url, &["stats"]).await;
+    assert_eq!(stdout(&out), "no jobs\n", "{}", stderr(&out));
+}
