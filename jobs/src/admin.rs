@@ -234,8 +234,8 @@ SELECT kind FROM k WHERE kind IS NOT NULL
 ///
 /// Index: `jobs_done (kind, finished_at) WHERE state = 'done'`, a range scan from the
 /// oldest. `SKIP LOCKED`: concurrent pruners (other operators, the runtimes' retention
-/// prune) take disjoint rows and never wait on one another. The same statement as the
-/// runtime's retention prune, kept here so the operators' statements sit together.
+/// prune) take disjoint rows and never wait on one another. The runtime's retention
+/// prune runs it too, through [`prune`].
 const PRUNE_BATCH: &str = r#"
 WITH old AS MATERIALIZED (
     SELECT id FROM jobs

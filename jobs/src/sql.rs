@@ -256,19 +256,3 @@ WHERE NOT EXISTS (
 )
 ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') DO NOTHING
 "#;
-
-/// Deletes up to `$2` done rows of kind `$1` finished more than `$3` ms ago.
-///
-/// Index: `jobs_done (kind, finished_at) WHERE state = 'done'`. Bounded batches with `SKIP
-/// LOCKED`, so replicas pruning at once take disjoint rows and never wait on each other.
-pub(crate) const PRUNE_DONE: &str = r#"
-WITH old AS MATERIALIZED (
-    SELECT id FROM jobs
-    WHERE state = 'done' AND kind = $1
-      AND finished_at < now() - $3 * interval '1 millisecond'
-    ORDER BY finished_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM jobs j USING old WHERE j.id = old.id
-"#;

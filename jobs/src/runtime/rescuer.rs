@@ -46,21 +46,10 @@ async fn prune(shared: &Shared) {
         let Some(retain) = info.config.retain else {
             continue;
         };
-        loop {
-            let result = sqlx::query(sql::PRUNE_DONE)
-                .bind(info.kind)
-                .bind(BATCH)
-                .bind(crate::enqueue::millis(retain))
-                .execute(&shared.pool)
-                .await;
-            match result {
-                Ok(r) if r.rows_affected() >= BATCH as u64 => continue,
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::debug!(error = %e, job.kind = info.kind, "cannot prune done jobs");
-                    break;
-                }
-            }
+        if let Err(e) =
+            crate::admin::prune(&shared.pool, Some(info.kind), retain, i64::from(BATCH)).await
+        {
+            tracing::debug!(error = %e, job.kind = info.kind, "cannot prune done jobs");
         }
     }
 }
