@@ -28,12 +28,15 @@ CREATE TABLE jobs (
     finished_at   timestamptz
 )
 -- A queue table churns: every job is inserted, updated at claim, renewed while it runs
--- and deleted. fillfactor 80 leaves room on each page so that renewals and re-run marks
--- stay HOT; a low vacuum scale factor with a fixed threshold keeps dead tuples (which
--- the claim scan would otherwise walk past) few, whatever the table's size; a zero
--- cost delay lets autovacuum finish a small queue table quickly.
+-- and deleted. Claimed rows sit side by side (inserted and claimed together) and the
+-- heartbeat renews all of a runtime's claims in one statement, so every row of a page
+-- may need a new version at once: fillfactor 50 leaves that much room, and renewals and
+-- re-run marks stay HOT even before the page is pruned (tests/schema.rs). A low vacuum
+-- scale factor with a fixed threshold keeps dead tuples (which the claim scan would
+-- otherwise walk past) few, whatever the table's size; a zero cost delay lets
+-- autovacuum finish a small queue table quickly.
 WITH (
-    fillfactor = 80,
+    fillfactor = 50,
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_threshold = 1000,
     autovacuum_vacuum_insert_scale_factor = 0.01,

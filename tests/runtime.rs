@@ -40,6 +40,18 @@ async fn record(ctx: &JobContext, note: &str) -> Result<(), JobError> {
     Ok(())
 }
 
+/// Writes this attempt's result through a fenced transaction: committed together with
+/// the job's completion, or refused if the claim is gone.
+async fn write_result(ctx: &JobContext) -> Result<(), JobError> {
+    let mut tx = ctx.fenced_tx().await?;
+    sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
+        .bind(ctx.id())
+        .bind(ctx.attempt() as i32)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
 async fn runs(pool: &PgPool, note: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM runs WHERE note = $1")
         .bind(note)
@@ -96,13 +108,7 @@ struct Count {
 #[jobs::handler]
 async fn count_handler(_job: Count, ctx: JobContext) -> Result<(), JobError> {
     record(&ctx, "count").await?;
-    let mut tx = ctx.fenced_tx().await?;
-    sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
-        .bind(ctx.id())
-        .bind(ctx.attempt() as i32)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await
+    write_result(&ctx).await
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
@@ -514,13 +520,7 @@ async fn stall(_job: Stall, ctx: JobContext) -> Result<(), JobError> {
         .await?;
         return Err(JobError::lease_lost());
     }
-    let mut tx = ctx.fenced_tx().await?;
-    sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
-        .bind(ctx.id())
-        .bind(ctx.attempt() as i32)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await
+    write_result(&ctx).await
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]

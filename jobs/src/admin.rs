@@ -80,78 +80,42 @@ LIMIT $4
 /// Index: the primary key.
 const GET: &str = concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1");
 
-/// Retries failed job `$1`: pending again, claimable now, attempts reset, `last_error`
-/// kept. When the job's key already has a live (pending or running) job, that job is a
-/// newer trigger of the same key and covers this one: the failed row is deleted instead
-/// (moving it to pending would break `jobs_live_key`). Returns the id and, when it was
-/// merged, the live job's id. Notifies the runtimes when the job is pending again.
+/// Retries failed jobs: job `$1`, or every failed job of kind `$2` (the other is NULL).
+/// Each becomes pending again, claimable now, attempts reset, `last_error` kept.
 ///
-/// Index: the primary key for the failed row (locked first, so a concurrent retry or
-/// discard of it waits and then finds it gone), `jobs_live_key (kind, key)` for the
-/// live job of its key.
-const RETRY_ONE: &str = r#"
-WITH target AS MATERIALIZED (
-    SELECT id, kind, key FROM jobs WHERE id = $1 AND state = 'failed' FOR UPDATE
-),
-plan AS MATERIALIZED (
-    SELECT t.id, t.kind,
-           (SELECT l.id FROM jobs l
-            WHERE l.kind = t.kind AND l.key = t.key AND l.state IN ('pending', 'running')
-            LIMIT 1) AS live_id
-    FROM target t
-),
-merged AS (
-    DELETE FROM jobs j USING plan p
-    WHERE j.id = p.id AND p.live_id IS NOT NULL AND j.state = 'failed'
-    RETURNING j.id, p.live_id
-),
-retried AS (
-    UPDATE jobs j SET
-        state = 'pending',
-        attempts = 0,
-        run_after = now(),
-        finished_at = NULL,
-        rerun_after = NULL,
-        claimed_by = NULL,
-        claimed_until = NULL
-    FROM plan p
-    WHERE j.id = p.id AND p.live_id IS NULL AND j.state = 'failed'
-    RETURNING j.id, j.kind
-),
-notify AS (
-    SELECT count(pg_notify('jobs', r.kind)) AS notified FROM retried r
-)
-SELECT r.id, NULL::bigint AS live_id FROM retried r CROSS JOIN notify
-UNION ALL
-SELECT m.id, m.live_id FROM merged m
-"#;
-
-/// Retries every failed job of kind `$1`, as [`RETRY_ONE`] does one. Failed jobs of one
-/// key with no live job: the newest (highest id, the latest trigger) becomes pending and
-/// covers the others, which are deleted, since one key may have one live job. Returns
-/// the number retried and the number merged. One notification when any is retried.
+/// One key may have one live job, so some failed rows are deleted instead: when the
+/// key already has a live (pending or running) job, that job is a newer trigger of the
+/// same key and covers the failed one; among several failed jobs of one key with no
+/// live job, the newest (highest id, the latest trigger) becomes pending and covers
+/// the others. Returns one row per failed job: its id and, when it was merged, the id
+/// of the job that covers it. Notifies the runtimes once per kind made pending.
 ///
-/// Index: `jobs_failed (kind, id) WHERE state = 'failed'`, locked in id order (so two
-/// concurrent retries of a kind cannot deadlock); `jobs_live_key` per keyed row.
-const RETRY_KIND: &str = r#"
+/// Index: the primary key (`$1`) or `jobs_failed (kind, id) WHERE state = 'failed'`
+/// (`$2`), as a bitmap OR; the failed rows are locked in id order, so two concurrent
+/// retries cannot deadlock and a concurrent retry or discard waits and then finds the
+/// row gone. `jobs_live_key (kind, key)` finds each key's live job.
+const RETRY: &str = r#"
 WITH target AS MATERIALIZED (
-    SELECT id, key FROM jobs WHERE kind = $1 AND state = 'failed' ORDER BY id FOR UPDATE
+    SELECT id, kind, key FROM jobs
+    WHERE state = 'failed' AND (id = $1 OR kind = $2)
+    ORDER BY id
+    FOR UPDATE
 ),
 plan AS MATERIALIZED (
     SELECT t.id,
            coalesce(
                (SELECT l.id FROM jobs l
-                WHERE l.kind = $1 AND l.key = t.key AND l.state IN ('pending', 'running')
+                WHERE l.kind = t.kind AND l.key = t.key AND l.state IN ('pending', 'running')
                 LIMIT 1),
-               CASE WHEN t.key IS NOT NULL AND t.id <> max(t.id) OVER (PARTITION BY t.key)
-                    THEN max(t.id) OVER (PARTITION BY t.key) END
+               CASE WHEN t.key IS NOT NULL AND t.id <> max(t.id) OVER (PARTITION BY t.kind, t.key)
+                    THEN max(t.id) OVER (PARTITION BY t.kind, t.key) END
            ) AS covered_by
     FROM target t
 ),
 merged AS (
     DELETE FROM jobs j USING plan p
     WHERE j.id = p.id AND p.covered_by IS NOT NULL AND j.state = 'failed'
-    RETURNING j.id
+    RETURNING j.id, p.covered_by
 ),
 retried AS (
     UPDATE jobs j SET
@@ -164,14 +128,15 @@ retried AS (
         claimed_until = NULL
     FROM plan p
     WHERE j.id = p.id AND p.covered_by IS NULL AND j.state = 'failed'
-    RETURNING j.id
+    RETURNING j.id, j.kind
 ),
 notify AS (
-    SELECT pg_notify('jobs', $1) FROM (SELECT 1 FROM retried LIMIT 1) any_retried
+    SELECT count(pg_notify('jobs', k.kind)) AS notified
+    FROM (SELECT DISTINCT kind FROM retried) k
 )
-SELECT (SELECT count(*) FROM retried) AS retried,
-       (SELECT count(*) FROM merged) AS merged,
-       (SELECT count(*) FROM notify) AS notified
+SELECT r.id, NULL::bigint AS covered_by FROM retried r CROSS JOIN notify
+UNION ALL
+SELECT m.id, m.covered_by FROM merged m
 "#;
 
 /// Deletes pending job `$1`. A job a runtime is claiming at that instant is locked by
@@ -508,8 +473,9 @@ pub async fn retry<'e, E>(executor: E, id: i64) -> Result<Retried, Error>
 where
     E: PgExecutor<'e>,
 {
-    let row: Option<(i64, Option<i64>)> = sqlx::query_as(RETRY_ONE)
+    let row: Option<(i64, Option<i64>)> = sqlx::query_as(RETRY)
         .bind(id)
+        .bind(None::<&str>)
         .fetch_optional(executor)
         .await?;
     match row {
@@ -546,13 +512,15 @@ pub async fn retry_kind<'e, E>(executor: E, kind: &str) -> Result<RetriedKind, E
 where
     E: PgExecutor<'e>,
 {
-    let (retried, merged, _notified): (i64, i64, i64) = sqlx::query_as(RETRY_KIND)
+    let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(RETRY)
+        .bind(None::<i64>)
         .bind(kind)
-        .fetch_one(executor)
+        .fetch_all(executor)
         .await?;
+    let merged = rows.iter().filter(|(_, covered)| covered.is_some()).count() as u64;
     Ok(RetriedKind {
-        retried: count(retried),
-        merged: count(merged),
+        retried: rows.len() as u64 - merged,
+        merged,
     })
 }
 

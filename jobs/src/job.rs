@@ -185,6 +185,14 @@ impl JobConfig {
         self
     }
 
+    /// The lease length of a heartbeat-lease kind; `None` in transaction mode.
+    pub(crate) fn heartbeat_lease(&self) -> Option<Duration> {
+        match self.lease {
+            Lease::Heartbeat(d) => Some(d),
+            Lease::Transaction => None,
+        }
+    }
+
     /// The backoff delay before the next attempt after `attempts` claims, before jitter:
     /// `backoff * 2^(attempts - 1)`, capped at `max_backoff`.
     pub fn backoff_after(&self, attempts: u32) -> Duration {

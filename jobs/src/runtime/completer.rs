@@ -53,8 +53,10 @@ pub(crate) async fn complete_batch(
     batch: &[Completion],
 ) -> Result<HashSet<i64>, sqlx::Error> {
     let mut done = HashSet::with_capacity(batch.len());
-    let (delete, _): (Vec<&Completion>, Vec<&Completion>) =
-        batch.iter().partition(|c| !c.keep && c.every_ms.is_none());
+    let delete: Vec<&Completion> = batch
+        .iter()
+        .filter(|c| !c.keep && c.every_ms.is_none())
+        .collect();
     if !delete.is_empty() {
         let ids: Vec<i64> = delete.iter().map(|c| c.id).collect();
         let tokens: Vec<Uuid> = delete.iter().map(|c| c.token).collect();

@@ -94,7 +94,7 @@ async fn run(
         completed: AtomicBool::new(false),
         tx: tx.map(|tx| Mutex::new(Some(tx))),
     });
-    if let (false, Some(lease)) = (transaction_mode, Shared::lease_of(handler)) {
+    if let (false, Some(lease)) = (transaction_mode, handler.config.heartbeat_lease()) {
         shared.flights.lock().expect("lock poisoned").insert(
             job.token,
             Flight {
@@ -200,10 +200,7 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
     if let Outcome::LeaseLost = outcome {
         return;
     }
-    let lease = match job.config.lease {
-        crate::job::Lease::Heartbeat(d) => d,
-        crate::job::Lease::Transaction => Duration::ZERO,
-    };
+    let lease = job.config.heartbeat_lease().unwrap_or_default();
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
     loop {
         let result = write_outcome(&shared.pool, job, &outcome).await;

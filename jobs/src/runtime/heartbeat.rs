@@ -16,7 +16,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
     let shortest = shared
         .handlers
         .values()
-        .filter_map(|h| Shared::lease_of(h))
+        .filter_map(|h| h.config.heartbeat_lease())
         .min();
     let Some(shortest) = shortest else {
         return; // only transaction-mode kinds: the row lock is the lease

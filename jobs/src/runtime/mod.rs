@@ -23,7 +23,6 @@ use tokio::sync::{Notify, mpsc, watch};
 
 use crate::context::Inner;
 use crate::error::Error;
-use crate::job::Lease;
 use crate::registry::{self, HandlerInfo};
 
 /// Runs the handlers linked into this binary until SIGINT or SIGTERM, with the default
@@ -268,13 +267,6 @@ pub(crate) struct Flight {
 }
 
 impl Shared {
-    fn lease_of(info: &HandlerInfo) -> Option<Duration> {
-        match info.config.lease {
-            Lease::Heartbeat(d) => Some(d),
-            Lease::Transaction => None,
-        }
-    }
-
     /// Free capacity per kind, within the overall free capacity.
     fn free(&self) -> (usize, Vec<(&'static HandlerInfo, usize)>) {
         let running = self.running.lock().expect("lock poisoned");

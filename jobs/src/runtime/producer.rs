@@ -100,7 +100,7 @@ async fn claim(
     let mut leases = Vec::new();
     let mut asked = 0usize;
     for (info, free) in per_kind {
-        if let (Some(lease), true) = (Shared::lease_of(info), *free > 0) {
+        if let (Some(lease), true) = (info.config.heartbeat_lease(), *free > 0) {
             kinds.push(info.kind);
             limits.push(i32::try_from(*free).unwrap_or(i32::MAX));
             leases.push(Some(millis(lease)));
@@ -127,7 +127,7 @@ async fn claim(
     // Transaction mode: each job is claimed inside its own transaction, which the
     // executor then holds until the job's completion commits.
     for (info, free) in per_kind {
-        if Shared::lease_of(info).is_some() {
+        if info.config.heartbeat_lease().is_some() {
             continue;
         }
         let mut free = (*free).min(free_left);
