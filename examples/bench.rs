@@ -118,6 +118,7 @@ async fn enqueue_bulk(pool: &PgPool, n: u32) {
 }
 
 async fn w1(n: u32, runs: usize) {
+    let mut via_pool = Vec::new();
     let mut single = Vec::new();
     let mut bulk = Vec::new();
     for _ in 0..runs {
@@ -126,7 +127,17 @@ async fn w1(n: u32, runs: usize) {
         for seq in 0..n {
             Noop { seq }.enqueue(&pool).await.unwrap();
         }
+        via_pool.push(f64::from(n) / t.elapsed().as_secs_f64());
+        pool.close().await;
+
+        let pool = fresh_database(4).await;
+        let mut conn = pool.acquire().await.unwrap();
+        let t = Instant::now();
+        for seq in 0..n {
+            Noop { seq }.enqueue(&mut *conn).await.unwrap();
+        }
         single.push(f64::from(n) / t.elapsed().as_secs_f64());
+        drop(conn);
         pool.close().await;
 
         let pool = fresh_database(4).await;
@@ -136,6 +147,7 @@ async fn w1(n: u32, runs: usize) {
         pool.close().await;
     }
     report("W1 enqueue, one at a time", "jobs/s", single, &[]);
+    report("W1 enqueue, one at a time, &pool", "jobs/s", via_pool, &[]);
     report("W1 enqueue, bulk 1000 per call", "jobs/s", bulk, &[]);
 }
 

@@ -836,9 +836,16 @@ async fn tick(_job: Tick, ctx: JobContext) -> Result<(), JobError> {
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn periodic_kind_keeps_one_live_job_across_replicas(pool: PgPool) {
     setup(&pool).await;
-    let replicas: Vec<Running> = (0..3)
-        .map(|_| Running::start(runtime(&pool, &["rt.periodic"])))
-        .collect();
+    // Replicas are separate processes with pools of their own.
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let own = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(5)
+            .connect_with(pool.connect_options().as_ref().clone())
+            .await
+            .unwrap();
+        replicas.push(Running::start(runtime(&own, &["rt.periodic"])));
+    }
     let mut max_live = 0;
     while runs(&pool, "tick").await < 5 {
         let live: i64 = sqlx::query_scalar(

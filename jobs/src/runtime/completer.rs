@@ -3,7 +3,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -83,6 +84,9 @@ pub(crate) async fn complete_batch(
     Ok(done)
 }
 
+/// How long the completer keeps its connection with nothing to write.
+const HOLD: Duration = Duration::from_millis(100);
+
 /// Writes completions as they come, batching whatever has queued up while the previous
 /// batch was being written. A database error is retried with backoff: a completion is
 /// never dropped while the runtime lives (and if it is lost with the process, the job
@@ -90,12 +94,28 @@ pub(crate) async fn complete_batch(
 pub(crate) async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Completion>) {
     const MAX_BATCH: usize = 2_000;
     let mut batch = Vec::with_capacity(256);
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+    // Held across batches while completions keep coming (a pool connection is pinged
+    // on every acquire), given back to the pool after a quiet moment.
+    let mut conn: Option<PoolConnection<Postgres>> = None;
+    loop {
+        let received = match tokio::time::timeout(HOLD, rx.recv_many(&mut batch, MAX_BATCH)).await {
+            Ok(n) => n,
+            Err(_) => {
+                conn = None;
+                rx.recv_many(&mut batch, MAX_BATCH).await
+            }
+        };
+        if received == 0 {
+            break; // every sender is gone: the runtime has stopped
+        }
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         loop {
             let result = async {
-                let mut conn = pool.acquire().await?;
-                complete_batch(&mut conn, &batch).await
+                let c = match &mut conn {
+                    Some(c) => c,
+                    None => conn.insert(pool.acquire().await?),
+                };
+                complete_batch(c, &batch).await
             }
             .await;
             match result {
@@ -109,6 +129,7 @@ pub(crate) async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Completion
                     break;
                 }
                 Err(e) => {
+                    conn = None; // it may be broken: take a fresh one
                     let wait = backoff.next();
                     tracing::warn!(error = %e, retry_in = ?wait, jobs = batch.len(), "cannot write job completions; retrying");
                     tokio::time::sleep(wait).await;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sqlx::pool::PoolConnection;
 use sqlx::{Postgres, Transaction};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -42,6 +43,9 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) ->
     let mut armed_at: Option<Instant> = None;
     // Whether the last claim filled what it asked for, so more may be waiting.
     let mut more = true;
+    // The connection claims go through, held across rounds: a pool connection is
+    // pinged on every acquire, which would double the claim's round trips.
+    let mut conn: Option<PoolConnection<Postgres>> = None;
     // Whether this round already waited for slots to free (it waits once, then claims).
     let mut batch_window_used = false;
 
@@ -93,12 +97,13 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) ->
         }
         batch_window_used = false;
 
-        match claim(&shared, total_free, &per_kind, &mut executors).await {
+        match claim(&shared, &mut conn, total_free, &per_kind, &mut executors).await {
             Ok(filled) => {
                 more = filled;
                 backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
             }
             Err(e) => {
+                conn = None; // it may be broken: take a fresh one next time
                 let wait = backoff.next();
                 tracing::warn!(error = %e, retry_in = ?wait, "cannot claim jobs; retrying");
                 tokio::select! {
@@ -114,6 +119,7 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) ->
 /// One round of claims. Returns whether any kind may have more claimable jobs.
 async fn claim(
     shared: &Arc<Shared>,
+    conn: &mut Option<PoolConnection<Postgres>>,
     total_free: usize,
     per_kind: &[(&'static HandlerInfo, usize)],
     executors: &mut JoinSet<()>,
@@ -134,12 +140,16 @@ async fn claim(
     let mut free_left = total_free;
     if !kinds.is_empty() {
         let want = asked.min(total_free);
+        let claimer = match conn {
+            Some(c) => c,
+            None => conn.insert(shared.pool.acquire().await?),
+        };
         let rows: Vec<ClaimRow> = sqlx::query_as(sql::CLAIM)
             .bind(&kinds)
             .bind(&limits)
             .bind(&leases)
             .bind(i32::try_from(want).unwrap_or(i32::MAX))
-            .fetch_all(&shared.pool)
+            .fetch_all(&mut **claimer)
             .await?;
         more |= rows.len() >= want;
         free_left = free_left.saturating_sub(rows.len());
