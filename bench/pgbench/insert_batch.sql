@@ -1,7 +1,8 @@
--- 1,000 jobs inserted by one statement, one notification.
+-- 1,000 jobs inserted by one statement, one notification; each payload is parsed from
+-- JSON text, as the payloads an application sends are.
 WITH ins AS (
     INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
-    SELECT 'bench.insert', NULL, jsonb_build_object('seq', g), 20, now()
+    SELECT 'bench.insert', NULL, ('{"seq": ' || g || '}')::jsonb, 20, now()
     FROM generate_series(1, 1000) g
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') DO UPDATE SET payload = EXCLUDED.payload
     RETURNING j.id, j.kind

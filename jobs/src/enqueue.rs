@@ -1,6 +1,6 @@
 //! Enqueue: one job, or many in one round trip, with coalescing per key.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use crate::error::Error;
@@ -236,22 +236,50 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
         max_attempts.push(row.max_attempts);
         delays.push(row.delay_ms);
     }
-    let returned: Vec<(i32, i64, bool, String)> = sqlx::query_as(sql::ENQUEUE_MANY)
-        .bind(&kinds)
-        .bind(&keys)
-        .bind(&payloads)
-        .bind(&max_attempts)
-        .bind(&delays)
-        .fetch_all(executor)
-        .await?;
+    let returned: Vec<(i64, String, Option<String>, bool, String)> =
+        sqlx::query_as(sql::ENQUEUE_MANY)
+            .bind(&kinds)
+            .bind(&keys)
+            .bind(&payloads)
+            .bind(&max_attempts)
+            .bind(&delays)
+            .fetch_all(executor)
+            .await?;
 
-    let mut per_row = vec![None; n];
-    for (ord, id, inserted, state) in returned {
-        let at = usize::try_from(ord - 1).map_err(|_| bad_ordinal(ord))?;
-        *per_row.get_mut(at).ok_or_else(|| bad_ordinal(ord))? = Some(Enqueued {
+    // Map the returned rows back to their input rows: a keyed row by its (kind, key),
+    // unique in the merged batch; unkeyed rows are always inserted, and their ids,
+    // drawn from the sequence as the rows were fed in input order, rise in that order.
+    let distinct_kinds: HashSet<&'static str> = kinds.iter().copied().collect();
+    let mut per_row: Vec<Option<Enqueued>> = vec![None; n];
+    let mut unkeyed_returned = Vec::new();
+    for (id, kind, key, inserted, state) in returned {
+        let result = Enqueued {
             id,
             outcome: outcome(inserted, &state),
-        });
+        };
+        match key {
+            Some(key) => {
+                let at = distinct_kinds
+                    .get(kind.as_str())
+                    .and_then(|k| by_key.get(&(*k, key)))
+                    .copied()
+                    .ok_or_else(|| {
+                        protocol(format!("bulk enqueue returned an unknown row {id}"))
+                    })?;
+                per_row[at] = Some(result);
+            }
+            None => unkeyed_returned.push(result),
+        }
+    }
+    unkeyed_returned.sort_by_key(|e| e.id);
+    let unkeyed_rows = rows.iter().enumerate().filter(|(_, r)| r.key.is_none());
+    if unkeyed_returned.len() != unkeyed_rows.clone().count() {
+        return Err(protocol(
+            "bulk enqueue returned a different number of rows".into(),
+        ));
+    }
+    for ((at, _), result) in unkeyed_rows.zip(unkeyed_returned) {
+        per_row[at] = Some(result);
     }
     // The input index that each row was last written from.
     let mut last = vec![0; n];
@@ -260,11 +288,8 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
     }
     let mut results = Vec::with_capacity(slot.len());
     for (i, &at) in slot.iter().enumerate() {
-        let mut result = per_row[at].ok_or_else(|| {
-            Error::Database(sqlx::Error::Protocol(format!(
-                "bulk enqueue returned no row for job {at}"
-            )))
-        })?;
+        let mut result = per_row[at]
+            .ok_or_else(|| protocol(format!("bulk enqueue returned no row for job {at}")))?;
         // An earlier push that a later push of the same key replaced coalesced into it.
         if i != last[at] {
             result.outcome = EnqueueOutcome::Coalesced;
@@ -274,8 +299,6 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
     Ok(results)
 }
 
-fn bad_ordinal(ord: i32) -> Error {
-    Error::Database(sqlx::Error::Protocol(format!(
-        "bulk enqueue returned an unknown ordinal {ord}"
-    )))
+fn protocol(message: String) -> Error {
+    Error::Database(sqlx::Error::Protocol(message))
 }

@@ -35,22 +35,18 @@ CROSS JOIN LATERAL (
 /// Inserts many jobs in one statement; the caller has merged jobs of one key already
 /// (one statement may not update one row twice).
 ///
-/// `$1..$5` are arrays of kind, key, payload, max_attempts, delay_ms. Each row gets its
-/// id from the sequence up front, so inserted rows map back to their input by id and
-/// coalesced ones by `(kind, key)`. Index: `jobs_live_key`, as [`ENQUEUE_ONE`]. One
-/// notification per kind that has a job claimable now.
+/// `$1..$5` are arrays of kind, key, payload, max_attempts, delay_ms. Rows are fed in
+/// input order, so the ids of inserted rows rise in that order; each returned row
+/// carries its kind and key, which name a keyed row's input. Index: `jobs_live_key`, as
+/// [`ENQUEUE_ONE`]. One notification per kind that has a job claimable now.
 pub(crate) const ENQUEUE_MANY: &str = r#"
-WITH src AS MATERIALIZED (
-    SELECT u.ord::int AS ord,
-           nextval(pg_get_serial_sequence('jobs', 'id')) AS id,
-           u.kind, u.key, u.payload::jsonb AS payload, u.max_attempts,
-           now() + u.delay_ms * interval '1 millisecond' AS run_after
+WITH ins AS (
+    INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
+    SELECT u.kind, u.key, u.payload::jsonb, u.max_attempts,
+           now() + u.delay_ms * interval '1 millisecond'
     FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[])
          WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, ord)
-),
-ins AS (
-    INSERT INTO jobs AS j (id, kind, key, payload, max_attempts, run_after)
-    SELECT id, kind, key, payload, max_attempts, run_after FROM src ORDER BY ord
+    ORDER BY u.ord
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') DO UPDATE SET
         payload = EXCLUDED.payload,
         run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
@@ -61,15 +57,8 @@ notify AS (
     SELECT count(pg_notify('jobs', k.kind)) AS notified
     FROM (SELECT DISTINCT kind FROM ins WHERE ready AND state = 'pending') k
 )
-SELECT src.ord, ins.id, ins.inserted, ins.state
-FROM ins JOIN src ON src.id = ins.id
-CROSS JOIN notify
-WHERE ins.inserted
-UNION ALL
-SELECT src.ord, ins.id, ins.inserted, ins.state
-FROM ins JOIN src ON src.kind = ins.kind AND src.key = ins.key
-CROSS JOIN notify
-WHERE NOT ins.inserted
+SELECT ins.id, ins.kind, ins.key, ins.inserted, ins.state
+FROM ins CROSS JOIN notify
 "#;
 
 /// Claims up to `$4` claimable jobs of the kinds in `$1`, at most `$2[i]` of kind
