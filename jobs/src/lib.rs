@@ -10,6 +10,7 @@ mod migrate;
 mod registry;
 mod runtime;
 mod sql;
+pub mod testing;
 
 pub use context::{FencedTx, JobContext, JobError, TxGuard};
 pub use enqueue::{EnqueueBatch, EnqueueOutcome, Enqueued, enqueue_all};
@@ -17,7 +18,7 @@ pub use error::Error;
 pub use job::{Job, JobConfig, KeyPart, Lease};
 pub use jobs_macros::{Job, handler};
 pub use migrate::{MIGRATIONS_TABLE, MIGRATOR, migrate};
-pub use runtime::{Runtime, run};
+pub use runtime::{RunCounts, Runtime, run};
 
 /// Not public API: used by the code that `#[derive(Job)]` and `#[jobs::handler]`
 /// generate. May change in any release.

@@ -71,7 +71,8 @@ FROM ins CROSS JOIN notify
 /// be re-evaluated and claim more than asked); `SKIP LOCKED` lets concurrent claimers
 /// take disjoint rows; `FOR NO KEY UPDATE` does not block foreign keys pointing at jobs.
 /// Rows locked by a kind's scan but cut by the overall limit are unlocked at the end of
-/// the statement. The attempt is counted here, at claim time.
+/// the statement. The attempt is counted here, at claim time. Also returns how long
+/// each job waited past its run-after, on the database clock.
 pub(crate) const CLAIM: &str = r#"
 WITH wanted AS (
     SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]) AS w(kind, n, lease_ms)
@@ -97,7 +98,8 @@ UPDATE jobs j SET
     claimed_until = COALESCE(now() + p.lease_ms * interval '1 millisecond', 'infinity')
 FROM picked p
 WHERE j.id = p.id
-RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text
+RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
+          extract(epoch FROM now() - j.run_after)::float8 AS waited
 "#;
 
 /// Renews the leases of the claims `($1[i], $2[i])` to `$3[i]` ms from now, for those
@@ -244,4 +246,21 @@ WHERE NOT EXISTS (
     SELECT 1 FROM jobs WHERE kind = $1 AND key = 'every' AND state IN ('pending', 'running')
 )
 ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') DO NOTHING
+"#;
+
+/// For the kinds `$1`: how many jobs are claimable now (counted up to 100,000, so the
+/// count stays cheap under a large backlog) and the age of the oldest claimable one.
+///
+/// Index: `jobs_claim (kind, run_after, id) WHERE state = 'pending'`: a bounded range
+/// per kind for the count, its first entry for the age.
+#[cfg(feature = "metrics")]
+pub(crate) const LAG_DEPTH: &str = r#"
+SELECT w.kind,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM jobs
+            WHERE state = 'pending' AND kind = w.kind AND run_after <= now()
+            LIMIT 100000) c) AS depth,
+       (SELECT extract(epoch FROM now() - min(run_after))::float8 FROM jobs
+        WHERE state = 'pending' AND kind = w.kind AND run_after <= now()) AS lag
+FROM unnest($1::text[]) AS w(kind)
 "#;

@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::backoff::Backoff;
 use super::completer::{self, Completion};
-use super::{Flight, Shared};
+use super::{Flight, Shared, observe};
 use crate::context::{Inner, JobContext, JobErrorKind};
 use crate::enqueue::millis;
 use crate::registry::{HandlerInfo, HandlerInput};
@@ -43,11 +43,12 @@ enum Outcome {
 }
 
 impl Outcome {
-    fn name(&self) -> &'static str {
+    /// What the run came to, as recorded on the span and in the metrics.
+    fn label(&self, job: &Claimed) -> &'static str {
         match self {
             Outcome::Succeeded => "succeeded",
-            Outcome::Retry(_) => "retry",
-            Outcome::Permanent(_) => "failed",
+            Outcome::Retry(_) if job.attempt < job.max_attempts => "retried",
+            Outcome::Retry(_) | Outcome::Permanent(_) => "failed",
             Outcome::Snooze(_) => "snoozed",
             Outcome::LeaseLost => "lease_lost",
             Outcome::Stopped => "handed_back",
@@ -76,7 +77,7 @@ pub(crate) async fn execute(
 async fn run(
     shared: Arc<Shared>,
     handler: &'static HandlerInfo,
-    job: Claimed,
+    mut job: Claimed,
     tx: Option<Transaction<'static, Postgres>>,
 ) {
     let transaction_mode = tx.is_some();
@@ -109,8 +110,12 @@ async fn run(
         inner: inner.clone(),
     };
 
-    let outcome = run_handler(&shared, handler, job.payload, ctx.clone(), transaction_mode).await;
-    tracing::Span::current().record("job.outcome", outcome.name());
+    let started = Instant::now();
+    let payload = std::mem::take(&mut job.payload);
+    let outcome = run_handler(&shared, handler, payload, ctx.clone(), transaction_mode).await;
+    let label = outcome.label(&job);
+    tracing::Span::current().record("job.outcome", label);
+    observe::finished(&shared.counts, handler.kind, label, started.elapsed());
     match &outcome {
         Outcome::Succeeded => tracing::debug!("job succeeded"),
         Outcome::Retry(e) | Outcome::Permanent(e) => tracing::warn!(error = %e, "job failed"),

@@ -10,6 +10,7 @@ pub(crate) mod completer;
 mod executor;
 mod heartbeat;
 mod listener;
+mod observe;
 mod producer;
 mod rescuer;
 
@@ -121,6 +122,14 @@ impl Runtime {
     where
         F: Future<Output = ()> + Send,
     {
+        self.run_counting(shutdown).await.map(drop)
+    }
+
+    /// [`run_until`](Self::run_until), returning how the runs ended.
+    pub(crate) async fn run_counting<F>(self, shutdown: F) -> Result<RunCounts, Error>
+    where
+        F: Future<Output = ()> + Send,
+    {
         let handlers = self.handlers()?;
         let summary: Vec<String> = handlers
             .values()
@@ -142,14 +151,18 @@ impl Runtime {
             flights: Mutex::new(HashMap::new()),
             completions,
             hard_stop: hard_rx,
+            counts: observe::Counts::default(),
         });
 
         let completer = tokio::spawn(completer::run(self.pool.clone(), completions_rx));
-        let background = [
+        #[allow(unused_mut)]
+        let mut background = vec![
             tokio::spawn(listener::run(shared.clone())),
             tokio::spawn(heartbeat::run(shared.clone())),
             tokio::spawn(rescuer::run(shared.clone(), self.rescue_interval)),
         ];
+        #[cfg(feature = "metrics")]
+        background.push(tokio::spawn(observe::run(shared.clone())));
         let producer = tokio::spawn(producer::run(shared.clone(), stop_rx));
 
         shutdown.await;
@@ -174,6 +187,7 @@ impl Runtime {
         }
         // Every executor has ended, so the completer's channel closes once `shared` is
         // gone; give it the grace period to write what is queued.
+        let counts = RunCounts::of(&shared.counts);
         drop(shared);
         if tokio::time::timeout(self.shutdown_grace, completer)
             .await
@@ -184,7 +198,7 @@ impl Runtime {
             );
         }
         tracing::info!("jobs runtime stopped");
-        Ok(())
+        Ok(counts)
     }
 
     fn handlers(&self) -> Result<BTreeMap<&'static str, &'static HandlerInfo>, Error> {
@@ -205,6 +219,38 @@ impl Runtime {
             }
         }
         Ok(handlers)
+    }
+}
+
+/// How the runs of a runtime ended, by outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunCounts {
+    /// Runs that completed their job.
+    pub succeeded: u64,
+    /// Failed runs whose job will be retried.
+    pub retried: u64,
+    /// Failed runs that left their job `failed` (permanent, or out of attempts).
+    pub failed: u64,
+    /// Runs that snoozed their job.
+    pub snoozed: u64,
+    /// Runs whose lease was lost.
+    pub lease_lost: u64,
+    /// Runs cancelled at shutdown, their jobs handed back.
+    pub handed_back: u64,
+}
+
+impl RunCounts {
+    fn of(counts: &observe::Counts) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        RunCounts {
+            succeeded: counts.succeeded.load(Relaxed),
+            retried: counts.retried.load(Relaxed),
+            failed: counts.failed.load(Relaxed),
+            snoozed: counts.snoozed.load(Relaxed),
+            lease_lost: counts.lease_lost.load(Relaxed),
+            handed_back: counts.handed_back.load(Relaxed),
+        }
     }
 }
 
@@ -249,6 +295,8 @@ pub(crate) struct Shared {
     completions: mpsc::UnboundedSender<completer::Completion>,
     /// Set when the shutdown grace has elapsed: handlers are cancelled.
     hard_stop: watch::Receiver<bool>,
+    /// How the runs ended.
+    counts: observe::Counts,
 }
 
 /// How many jobs run, in all and per kind.

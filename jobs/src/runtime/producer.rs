@@ -9,9 +9,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
-use super::Shared;
 use super::backoff::Backoff;
 use super::executor::{self, Claimed};
+use super::{Shared, observe};
 use crate::enqueue::millis;
 use crate::registry::HandlerInfo;
 use crate::sql;
@@ -20,7 +20,7 @@ use crate::sql;
 /// that claims come in batches.
 const BATCH_WINDOW: Duration = Duration::from_millis(2);
 
-type ClaimRow = (i64, String, i32, i32, Uuid, String);
+type ClaimRow = (i64, String, i32, i32, Uuid, String, Option<f64>);
 
 /// Claims until `stop` turns true; returns the executors still running.
 pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) -> JoinSet<()> {
@@ -193,7 +193,7 @@ async fn claim(
 
 fn start(
     shared: &Arc<Shared>,
-    (id, kind, attempts, max_attempts, token, payload): ClaimRow,
+    (id, kind, attempts, max_attempts, token, payload, waited): ClaimRow,
     tx: Option<Transaction<'static, Postgres>>,
     executors: &mut JoinSet<()>,
 ) {
@@ -203,6 +203,7 @@ fn start(
         return;
     };
     shared.take_slot(handler.kind);
+    observe::claimed(handler.kind, waited.unwrap_or(0.0));
     let claimed = Claimed {
         id,
         attempt: u32::try_from(attempts).unwrap_or(0),

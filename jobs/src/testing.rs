@@ -1,0 +1,106 @@
+//! Helpers for the tests of applications that use `jobs`: see what was enqueued, and
+//! run every due job to completion in the test, as Oban.Testing and rivertest do.
+//!
+//! ```no_run
+//! use jobs::{Job, JobContext, JobError};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Job, Serialize, Deserialize, Debug)]
+//! #[job(kind = "mail.welcome", key = "user_id")]
+//! struct Welcome {
+//!     user_id: i64,
+//! }
+//!
+//! #[jobs::handler]
+//! async fn welcome(_job: Welcome, _ctx: JobContext) -> Result<(), JobError> {
+//!     Ok(())
+//! }
+//!
+//! // In a test with its own database, e.g. #[sqlx::test(migrator = "jobs::MIGRATOR")]:
+//! async fn signup_sends_a_welcome(pool: sqlx::PgPool) {
+//!     // ... the code under test enqueues ...
+//!     # Welcome { user_id: 7 }.enqueue(&pool).await.unwrap();
+//!     jobs::testing::assert_enqueued(&pool, |w: &Welcome| w.user_id == 7).await;
+//!     let ran = jobs::testing::drain(&pool).await.unwrap();
+//!     assert_eq!(ran.succeeded, 1);
+//!     assert!(jobs::testing::enqueued::<Welcome>(&pool).await.unwrap().is_empty());
+//! }
+//! ```
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::error::Error;
+use crate::job::Job;
+use crate::runtime::{RunCounts, Runtime};
+
+/// The live (pending or running) jobs of `J`'s kind, oldest first, deserialized.
+pub async fn enqueued<'e, J, E>(executor: E) -> Result<Vec<J>, Error>
+where
+    J: Job,
+    E: sqlx::PgExecutor<'e>,
+{
+    let payloads: Vec<String> = sqlx::query_scalar(
+        "SELECT payload::text FROM jobs WHERE kind = $1 AND state IN ('pending', 'running') ORDER BY id",
+    )
+    .bind(J::KIND)
+    .fetch_all(executor)
+    .await?;
+    payloads
+        .iter()
+        .map(|p| {
+            serde_json::from_str(p).map_err(|e| {
+                Error::InvalidInput(format!(
+                    "a `{}` job's payload does not deserialize: {e}",
+                    J::KIND
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Panics unless a live job of `J`'s kind matches `matches`; the message lists the
+/// payloads that are enqueued.
+pub async fn assert_enqueued<'e, J, E>(executor: E, matches: impl Fn(&J) -> bool)
+where
+    J: Job + std::fmt::Debug,
+    E: sqlx::PgExecutor<'e>,
+{
+    let jobs = enqueued::<J, E>(executor)
+        .await
+        .expect("reading the enqueued jobs");
+    assert!(
+        jobs.iter().any(matches),
+        "no enqueued `{}` job matches; enqueued: {jobs:#?}",
+        J::KIND
+    );
+}
+
+/// Runs a runtime over `pool` until no job of a kind with a handler in this binary is
+/// claimable now or running, and returns how the runs ended. Jobs scheduled later
+/// (including retries waiting out their backoff) stay pending.
+pub async fn drain(pool: &PgPool) -> Result<RunCounts, Error> {
+    let runtime = Runtime::new(pool.clone())
+        .poll_interval(Duration::from_millis(10))
+        .rescue_interval(Duration::from_millis(50));
+    let kinds: Vec<&'static str> = crate::registry::handlers()?.keys().copied().collect();
+    let watcher = pool.clone();
+    runtime
+        .run_counting(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let busy: Result<bool, sqlx::Error> = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM jobs WHERE kind = ANY($1) AND \
+                     ((state = 'pending' AND run_after <= now()) OR state = 'running'))",
+                )
+                .bind(&kinds)
+                .fetch_one(&watcher)
+                .await;
+                if let Ok(false) = busy {
+                    return;
+                }
+            }
+        })
+        .await
+}
