@@ -135,7 +135,7 @@ async fn testing_helpers_span_and_metrics(pool: PgPool) {
     .unwrap();
 
     jobs::testing::assert_enqueued(&pool, |f: &Flaky| f.name == "b").await;
-    let enqueued = jobs::testing::enqueued::<Flaky, _>(&pool).await.unwrap();
+    let enqueued = jobs::testing::enqueued::<Flaky>(&pool).await.unwrap();
     let names: Vec<&str> = enqueued.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["a", "b", "later"]);
     let missing = tokio::spawn({
@@ -154,7 +154,7 @@ async fn testing_helpers_span_and_metrics(pool: PgPool) {
     assert_eq!(ran.succeeded, 2);
     assert_eq!(ran.retried, 2);
     assert_eq!(ran.failed, 1);
-    let left = jobs::testing::enqueued::<Flaky, _>(&pool).await.unwrap();
+    let left = jobs::testing::enqueued::<Flaky>(&pool).await.unwrap();
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].name, "later");
 

@@ -36,11 +36,7 @@ use crate::job::Job;
 use crate::runtime::{RunCounts, Runtime};
 
 /// The live (pending or running) jobs of `J`'s kind, oldest first, deserialized.
-pub async fn enqueued<'e, J, E>(executor: E) -> Result<Vec<J>, Error>
-where
-    J: Job,
-    E: sqlx::PgExecutor<'e>,
-{
+pub async fn enqueued<'e, J: Job>(executor: impl sqlx::PgExecutor<'e>) -> Result<Vec<J>, Error> {
     let payloads: Vec<String> = sqlx::query_scalar(
         "SELECT payload::text FROM jobs WHERE kind = $1 AND state IN ('pending', 'running') ORDER BY id",
     )
@@ -62,12 +58,13 @@ where
 
 /// Panics unless a live job of `J`'s kind matches `matches`; the message lists the
 /// payloads that are enqueued.
-pub async fn assert_enqueued<'e, J, E>(executor: E, matches: impl Fn(&J) -> bool)
-where
+pub async fn assert_enqueued<'e, J>(
+    executor: impl sqlx::PgExecutor<'e>,
+    matches: impl Fn(&J) -> bool,
+) where
     J: Job + std::fmt::Debug,
-    E: sqlx::PgExecutor<'e>,
 {
-    let jobs = enqueued::<J, E>(executor)
+    let jobs = enqueued::<J>(executor)
         .await
         .expect("reading the enqueued jobs");
     assert!(
