@@ -882,3 +882,35 @@ async fn periodic_kind_keeps_one_live_job_across_replicas(pool: PgPool) {
         assert!(gap >= 0.3, "runs {gap}s apart, less than the period");
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Retention: done rows of a kind that keeps history are pruned after `retain`.
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn done_rows_are_pruned_after_their_retention(pool: PgPool) {
+    setup(&pool).await;
+    // rt.typed keeps done rows for an hour.
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, state, finished_at) \
+         SELECT 'rt.typed', '{\"count\": 1}'::jsonb, 3, 'done', now() - interval '2 hours' FROM generate_series(1, 2500) \
+         UNION ALL \
+         SELECT 'rt.typed', '{\"count\": 1}'::jsonb, 3, 'done', now() - interval '10 minutes' FROM generate_series(1, 7)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Two replicas prune at once, in batches of 1,000.
+    let a = Running::start(runtime(&pool, &["rt.typed"]));
+    let b = Running::start(runtime(&pool, &["rt.typed"]));
+    wait_until("old done rows pruned", || async {
+        count(&pool, "done").await == 7
+    })
+    .await;
+    a.stop().await;
+    b.stop().await;
+    assert_eq!(
+        common::count_kind(&pool, "rt.typed").await,
+        7,
+        "recent done rows are kept"
+    );
+}
