@@ -27,6 +27,19 @@ use sqlx::{Acquire, PgExecutor, Postgres, Row};
 
 use crate::error::Error;
 
+/// Every statement of this module, by name: the tests read them all.
+pub(crate) const STATEMENTS: &[(&str, &str)] = &[
+    ("LIST_NEWEST", LIST_NEWEST),
+    ("LIST_OLDEST", LIST_OLDEST),
+    ("GET", GET),
+    ("RETRY", RETRY),
+    ("CANCEL", CANCEL),
+    ("DISCARD", DISCARD),
+    ("STATS", STATS),
+    ("DONE_KINDS", DONE_KINDS),
+    ("PRUNE_BATCH", PRUNE_BATCH),
+];
+
 /// The columns of a [`JobRow`], in the order [`JobRow::from_row`] reads them. A claim
 /// in transaction mode ends at `infinity`, which chrono cannot hold: it is read as NULL
 /// plus a flag.

@@ -30,6 +30,11 @@ pub mod __private {
     /// The claim statement, for tests that read its plan.
     pub const CLAIM_SQL: &str = crate::sql::CLAIM;
 
+    /// Every SQL statement the crate runs, by name, for tests that check them all.
+    pub fn statements() -> Vec<(&'static str, &'static str)> {
+        crate::sql::all()
+    }
+
     /// Joins the parts of a key over several fields.
     pub fn join_key_parts(parts: &[Option<String>]) -> Option<String> {
         crate::job::join_key_parts(parts)

@@ -264,3 +264,47 @@ SELECT w.kind,
         WHERE state = 'pending' AND kind = w.kind AND run_after <= now()) AS lag
 FROM unnest($1::text[]) AS w(kind)
 "#;
+
+/// The payloads of the live jobs of kind `$1`, oldest first (`jobs::testing`).
+///
+/// Index: `jobs_live_key (kind, key)` covers exactly the live rows of a kind.
+pub(crate) const LIVE_PAYLOADS: &str = r#"
+SELECT payload::text FROM jobs
+WHERE kind = $1 AND state IN ('pending', 'running')
+ORDER BY id
+"#;
+
+/// Whether any job of the kinds `$1` is claimable now or running (`jobs::testing`).
+///
+/// Index: `jobs_claim` and `jobs_running`, one probe per kind.
+pub(crate) const ANY_DUE: &str = r#"
+SELECT EXISTS (
+    SELECT 1 FROM jobs
+    WHERE kind = ANY($1)
+      AND ((state = 'pending' AND run_after <= now()) OR state = 'running')
+)
+"#;
+
+/// Every statement of this module, by name: the tests read them all.
+pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
+    #[allow(unused_mut)]
+    let mut all = vec![
+        ("ENQUEUE_ONE", ENQUEUE_ONE),
+        ("ENQUEUE_MANY", ENQUEUE_MANY),
+        ("CLAIM", CLAIM),
+        ("RENEW", RENEW),
+        ("COMPLETE_DELETE", COMPLETE_DELETE),
+        ("COMPLETE_KEEP", COMPLETE_KEEP),
+        ("FAIL", FAIL),
+        ("RELEASE", RELEASE),
+        ("RESCUE", RESCUE),
+        ("FENCE", FENCE),
+        ("ARM_PERIODIC", ARM_PERIODIC),
+        ("LIVE_PAYLOADS", LIVE_PAYLOADS),
+        ("ANY_DUE", ANY_DUE),
+    ];
+    #[cfg(feature = "metrics")]
+    all.push(("LAG_DEPTH", LAG_DEPTH));
+    all.extend(crate::admin::STATEMENTS.iter().copied());
+    all
+}

@@ -37,12 +37,10 @@ use crate::runtime::{RunCounts, Runtime};
 
 /// The live (pending or running) jobs of `J`'s kind, oldest first, deserialized.
 pub async fn enqueued<'e, J: Job>(executor: impl sqlx::PgExecutor<'e>) -> Result<Vec<J>, Error> {
-    let payloads: Vec<String> = sqlx::query_scalar(
-        "SELECT payload::text FROM jobs WHERE kind = $1 AND state IN ('pending', 'running') ORDER BY id",
-    )
-    .bind(J::KIND)
-    .fetch_all(executor)
-    .await?;
+    let payloads: Vec<String> = sqlx::query_scalar(crate::sql::LIVE_PAYLOADS)
+        .bind(J::KIND)
+        .fetch_all(executor)
+        .await?;
     payloads
         .iter()
         .map(|p| {
@@ -87,13 +85,10 @@ pub async fn drain(pool: &PgPool) -> Result<RunCounts, Error> {
         .run_counting(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(10)).await;
-                let busy: Result<bool, sqlx::Error> = sqlx::query_scalar(
-                    "SELECT EXISTS (SELECT 1 FROM jobs WHERE kind = ANY($1) AND \
-                     ((state = 'pending' AND run_after <= now()) OR state = 'running'))",
-                )
-                .bind(&kinds)
-                .fetch_one(&watcher)
-                .await;
+                let busy: Result<bool, sqlx::Error> = sqlx::query_scalar(crate::sql::ANY_DUE)
+                    .bind(&kinds)
+                    .fetch_one(&watcher)
+                    .await;
                 if let Ok(false) = busy {
                     return;
                 }
