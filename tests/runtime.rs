@@ -914,3 +914,36 @@ async fn done_rows_are_pruned_after_their_retention(pool: PgPool) {
         "recent done rows are kept"
     );
 }
+
+// ---------------------------------------------------------------------------------
+// Unusual input: a very large payload, and a kind with unusual characters.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.ünïcödé kind/with:odd 'chars' \"and\" ; --", retain = "1h")]
+struct Odd {
+    blob: String,
+}
+
+#[jobs::handler]
+async fn odd(job: Odd, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, &format!("odd {}", job.blob.len())).await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn large_payload_and_unusual_kind_run(pool: PgPool) {
+    setup(&pool).await;
+    let big = "x".repeat(20 * 1024 * 1024);
+    let id = Odd { blob: big.clone() }.enqueue(&pool).await.unwrap().id;
+    Odd {
+        blob: "small".into(),
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    let rt = Running::start(runtime(&pool, &[Odd::KIND]));
+    wait_until("both ran", || async { common::live(&pool).await == 0 }).await;
+    rt.stop().await;
+    assert_eq!(runs(&pool, &format!("odd {}", big.len())).await, 1);
+    assert_eq!(runs(&pool, "odd 5").await, 1);
+    assert_eq!(job_row(&pool, id).await.0, "done");
+}
