@@ -174,5 +174,5 @@ fn kinds_settings_and_keys() {
 
     assert_eq!(SweepSessions::KIND, "sessions.sweep");
     assert_eq!(SweepSessions::CONFIG.every, Some(Duration::from_mins(10)));
-    assert_eq!(SweepSessions.key(), None);
+    assert_eq!(SweepSessions.key().as_deref(), Some("every"), "one live job per periodic kind");
 }

@@ -836,6 +836,12 @@ async fn tick(_job: Tick, ctx: JobContext) -> Result<(), JobError> {
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn periodic_kind_keeps_one_live_job_across_replicas(pool: PgPool) {
     setup(&pool).await;
+    // An explicit enqueue of a periodic kind is its one live job (the runtime arms
+    // the same row), not a second schedule.
+    let first = Tick::default().enqueue(&pool).await.unwrap();
+    assert!(first.inserted());
+    let again = Tick::default().enqueue(&pool).await.unwrap();
+    assert_eq!(again.id, first.id);
     // Replicas are separate processes with pools of their own.
     let mut replicas = Vec::new();
     for _ in 0..3 {

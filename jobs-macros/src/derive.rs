@@ -136,6 +136,11 @@ fn expand_impl(
         quote_spanned!(at=> ::jobs::KeyPart::key_part(&self.#field))
     });
     let key_body = match key_fields.len() {
+        // A periodic kind's one live job has a fixed key, so that an explicit enqueue
+        // coalesces into it instead of starting a second schedule.
+        0 if attr.every.is_some() => quote!(::core::option::Option::Some(
+            ::std::string::String::from(::jobs::__private::PERIODIC_KEY)
+        )),
         0 => quote!(::core::option::Option::None),
         1 => parts.next().expect("one key field"),
         _ => quote! {

@@ -27,6 +27,9 @@ pub mod __private {
     pub use crate::registry::{HandlerFuture, HandlerInfo, HandlerInput, KindInfo, dispatch};
     pub use inventory;
 
+    /// The key of a periodic kind's one live job.
+    pub const PERIODIC_KEY: &str = crate::sql::PERIODIC_KEY;
+
     /// The claim statement, for tests that read its plan.
     pub const CLAIM_SQL: &str = crate::sql::CLAIM;
 

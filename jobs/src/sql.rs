@@ -235,15 +235,19 @@ WHERE id = $1 AND claimed_by = $2 AND claimed_until > now()
 FOR NO KEY UPDATE
 "#;
 
+/// The key of a periodic kind's one live job.
+pub(crate) const PERIODIC_KEY: &str = "every";
+
 /// Arms the periodic kind `$1` (payload `$2`, max_attempts `$3`) if it has no live job.
-/// The fixed key makes this safe from every replica at once: the unique index admits one.
+/// The fixed key ([`PERIODIC_KEY`], which the derive also gives every job of a periodic
+/// kind) makes this safe from every replica at once: the unique index admits one.
 ///
 /// Index: `jobs_live_key` for both the existence check and the arbiter.
 pub(crate) const ARM_PERIODIC: &str = r#"
 INSERT INTO jobs (kind, key, payload, max_attempts)
-SELECT $1, 'every', $2::jsonb, $3
+SELECT $1, $4, $2::jsonb, $3
 WHERE NOT EXISTS (
-    SELECT 1 FROM jobs WHERE kind = $1 AND key = 'every' AND state IN ('pending', 'running')
+    SELECT 1 FROM jobs WHERE kind = $1 AND key = $4 AND state IN ('pending', 'running')
 )
 ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') DO NOTHING
 "#;

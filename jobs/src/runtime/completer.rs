@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
-use tokio::sync::mpsc;
+use std::sync::Arc;
+
+use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
 
 use crate::context::Inner;
@@ -91,7 +93,14 @@ const HOLD: Duration = Duration::from_millis(100);
 /// batch was being written. A database error is retried with backoff: a completion is
 /// never dropped while the runtime lives (and if it is lost with the process, the job
 /// runs again after its lease, which is what at-least-once allows).
-pub(crate) async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Completion>) {
+///
+/// A completion that sends its job back to pending (a re-run mark) wakes this
+/// runtime's producer (`wake`), so the re-run does not wait for the next poll.
+pub(crate) async fn run(
+    pool: PgPool,
+    mut rx: mpsc::UnboundedReceiver<Completion>,
+    wake: Arc<Notify>,
+) {
     const MAX_BATCH: usize = 2_000;
     let mut batch = Vec::with_capacity(256);
     // Held across batches while completions keep coming (a pool connection is pinged
@@ -120,6 +129,11 @@ pub(crate) async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Completion
             .await;
             match result {
                 Ok(done) => {
+                    if batch.iter().any(|c| c.keep || c.every_ms.is_some())
+                        || done.len() < batch.len()
+                    {
+                        wake.notify_one();
+                    }
                     for c in batch.iter().filter(|c| !done.contains(&c.id)) {
                         tracing::warn!(
                             job.id = c.id,

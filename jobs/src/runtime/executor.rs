@@ -126,6 +126,12 @@ async fn run(
         Outcome::Stopped => tracing::info!("job handed back at shutdown"),
     }
 
+    // A failed, snoozed or re-run-marked job may be claimable again at once: claim it
+    // without waiting for the next poll.
+    let may_be_due = matches!(
+        outcome,
+        Outcome::Retry(_) | Outcome::Permanent(_) | Outcome::Snooze(_)
+    );
     if transaction_mode {
         finish_in_transaction(&inner, outcome).await;
     } else {
@@ -135,6 +141,9 @@ async fn run(
             .lock()
             .expect("lock poisoned")
             .remove(&job.token);
+    }
+    if may_be_due {
+        shared.wake.notify_one();
     }
 }
 

@@ -138,6 +138,7 @@ impl Runtime {
         tracing::info!(kinds = %summary.join(", "), concurrency = self.concurrency, "jobs runtime starting");
 
         let (completions, completions_rx) = mpsc::unbounded_channel();
+        let wake = Arc::new(Notify::new());
         let (stop_tx, stop_rx) = watch::channel(false);
         let (hard_tx, hard_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -147,14 +148,18 @@ impl Runtime {
             poll_interval: self.poll_interval,
             running: Mutex::new(Running::default()),
             slot_freed: Notify::new(),
-            wake: Notify::new(),
+            wake: wake.clone(),
             flights: Mutex::new(HashMap::new()),
             completions,
             hard_stop: hard_rx,
             counts: observe::Counts::default(),
         });
 
-        let completer = tokio::spawn(completer::run(self.pool.clone(), completions_rx));
+        let completer = tokio::spawn(completer::run(
+            self.pool.clone(),
+            completions_rx,
+            wake.clone(),
+        ));
         #[allow(unused_mut)]
         let mut background = vec![
             tokio::spawn(listener::run(shared.clone())),
@@ -288,7 +293,7 @@ pub(crate) struct Shared {
     /// A handler finished: capacity is free again.
     slot_freed: Notify,
     /// Work may be claimable: a notification arrived or claims were rescued.
-    wake: Notify,
+    wake: Arc<Notify>,
     /// Claims held under a heartbeat lease, by claim token (one job may be claimed
     /// again by this runtime while a stalled earlier claim of it still runs).
     flights: Mutex<HashMap<uuid::Uuid, Flight>>,

@@ -230,6 +230,7 @@ async fn arm_periodic(shared: &Shared, periodic: &[&'static HandlerInfo]) -> boo
             .bind(info.kind)
             .bind(payload)
             .bind(i32::try_from(info.config.max_attempts).unwrap_or(i32::MAX))
+            .bind(sql::PERIODIC_KEY)
             .execute(&shared.pool)
             .await;
         match result {

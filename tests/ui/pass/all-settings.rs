@@ -69,5 +69,5 @@ fn main() {
         Some(Duration::from_secs(86_400))
     );
     assert_eq!(SweepReports::CONFIG.retain, Some(Duration::ZERO));
-    assert_eq!(SweepReports.key(), None);
+    assert_eq!(SweepReports.key().as_deref(), Some(jobs::__private::PERIODIC_KEY));
 }

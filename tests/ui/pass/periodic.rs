@@ -21,5 +21,5 @@ async fn sweep_sessions(_job: SweepSessions, ctx: JobContext) -> Result<(), JobE
 fn main() {
     assert_eq!(SweepSessions::KIND, "sessions.sweep");
     assert_eq!(SweepSessions::CONFIG.every, Some(Duration::from_secs(600)));
-    assert_eq!(SweepSessions.key(), None);
+    assert_eq!(SweepSessions.key().as_deref(), Some(jobs::__private::PERIODIC_KEY));
 }
