@@ -186,8 +186,8 @@ async fn wait_empty(pool: &PgPool) {
     }
 }
 
-async fn w2(n: u32, runs: usize, backlog: bool) {
-    for concurrency in [10, 100] {
+async fn w2(n: u32, runs: usize, backlog: bool, concurrencies: &[usize]) {
+    for &concurrency in concurrencies {
         let mut rates = Vec::new();
         let mut cpus = Vec::new();
         for _ in 0..runs {
@@ -346,9 +346,10 @@ async fn main() {
     for w in &workloads {
         match w.as_str() {
             "w1" => w1(n, runs).await,
-            "w2" => w2(n, runs, false).await,
+            // 500 shows what larger claims give (the ceiling's best batch).
+            "w2" => w2(n, runs, false, &[10, 100, 500]).await,
             "w3" => w3(runs).await,
-            "w4" => w2(n, runs, true).await,
+            "w4" => w2(n, runs, true, &[10, 100]).await,
             "w5" => w5(n, runs).await,
             other => panic!("unknown workload {other}: expected w1..w5"),
         }
