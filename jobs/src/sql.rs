@@ -103,14 +103,36 @@ RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::tex
 "#;
 
 /// Renews the leases of the claims `($1[i], $2[i])` to `$3[i]` ms from now, for those
-/// still held. Returns the tokens renewed; a claim missing from the result is lost.
+/// still held. Returns, per claim token, whether it was renewed and whether it is still
+/// held: a claim neither renewed nor held is lost; one held but not renewed has its row
+/// locked by another transaction (a fenced transaction, or an application's transaction
+/// that marked the job for a re-run) and is tried again at the next beat.
 ///
-/// Index: primary key, one probe per claim. Only `claimed_until` changes: a HOT update.
+/// `SKIP LOCKED`, so that one locked row never stalls the renewal of every other claim
+/// of the runtime until their leases run out. Index: primary key, one probe per claim.
+/// Only `claimed_until` changes: a HOT update.
 pub(crate) const RENEW: &str = r#"
-UPDATE jobs j SET claimed_until = now() + c.lease_ms * interval '1 millisecond'
-FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, lease_ms)
-WHERE j.id = c.id AND j.claimed_by = c.token AND j.claimed_until > now()
-RETURNING j.claimed_by
+WITH c AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, lease_ms)
+),
+free AS MATERIALIZED (
+    SELECT j.id
+    FROM jobs j JOIN c ON j.id = c.id
+    WHERE j.claimed_by = c.token AND j.claimed_until > now()
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+renewed AS (
+    UPDATE jobs j SET claimed_until = now() + c.lease_ms * interval '1 millisecond'
+    FROM c JOIN free f ON f.id = c.id
+    WHERE j.id = c.id AND j.claimed_by = c.token AND j.claimed_until > now()
+    RETURNING j.id
+)
+SELECT c.token,
+       r.id IS NOT NULL AS renewed,
+       coalesce(j.claimed_by = c.token AND j.claimed_until > now(), false) AS held
+FROM c
+LEFT JOIN renewed r ON r.id = c.id
+LEFT JOIN jobs j ON j.id = c.id
 "#;
 
 /// Completes the claims `($1[i], $2[i])` of kinds that keep no history, by deleting

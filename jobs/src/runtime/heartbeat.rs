@@ -43,7 +43,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
             continue;
         }
         let sent_at = Instant::now();
-        let result: Result<Vec<(Uuid,)>, sqlx::Error> = sqlx::query_as(sql::RENEW)
+        let result: Result<Vec<(Uuid, bool, bool)>, sqlx::Error> = sqlx::query_as(sql::RENEW)
             .bind(&ids)
             .bind(&tokens)
             .bind(&leases)
@@ -51,15 +51,19 @@ pub(super) async fn run(shared: Arc<Shared>) {
             .await;
         let flights = &mut *shared.flights.lock().expect("lock poisoned");
         match result {
-            Ok(renewed) => {
-                let renewed: std::collections::HashSet<Uuid> =
-                    renewed.into_iter().map(|(token,)| token).collect();
-                for token in &tokens {
-                    let Some(flight) = flights.get_mut(token) else {
+            Ok(rows) => {
+                for (token, renewed, held) in rows {
+                    let Some(flight) = flights.get_mut(&token) else {
                         continue; // finished meanwhile
                     };
-                    if renewed.contains(token) {
+                    if renewed {
                         flight.last_renewed = sent_at;
+                    } else if held {
+                        // Its row is locked by another transaction: try again next beat.
+                        tracing::debug!(
+                            job.id = flight.ctx.id,
+                            "lease not renewed: the job's row is locked"
+                        );
                     } else if !flight.ctx.completed.load(Ordering::Acquire)
                         && !flight.ctx.fenced.load(Ordering::Acquire)
                     {
