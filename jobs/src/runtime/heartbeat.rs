@@ -43,12 +43,21 @@ pub(super) async fn run(shared: Arc<Shared>) {
             continue;
         }
         let sent_at = Instant::now();
-        let result: Result<Vec<(Uuid, bool, bool)>, sqlx::Error> = sqlx::query_as(sql::RENEW)
+        // A renewal that hangs (a silently dead connection, a table lock) counts as a
+        // failed one, so that handlers hear of a lease that may be gone.
+        let renewal = sqlx::query_as(sql::RENEW)
             .bind(&ids)
             .bind(&tokens)
             .bind(&leases)
-            .fetch_all(&shared.pool)
-            .await;
+            .fetch_all(&shared.pool);
+        let result: Result<Vec<(Uuid, bool, bool)>, sqlx::Error> =
+            match tokio::time::timeout(shortest / 2, renewal).await {
+                Ok(result) => result,
+                Err(_) => Err(sqlx::Error::Protocol(format!(
+                    "the renewal did not answer within {:?}",
+                    shortest / 2
+                ))),
+            };
         let flights = &mut *shared.flights.lock().expect("lock poisoned");
         match result {
             Ok(rows) => {
