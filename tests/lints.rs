@@ -174,5 +174,9 @@ fn kinds_settings_and_keys() {
 
     assert_eq!(SweepSessions::KIND, "sessions.sweep");
     assert_eq!(SweepSessions::CONFIG.every, Some(Duration::from_mins(10)));
-    assert_eq!(SweepSessions.key().as_deref(), Some("every"), "one live job per periodic kind");
+    assert_eq!(
+        SweepSessions.key().as_deref(),
+        Some("every"),
+        "one live job per periodic kind"
+    );
 }
