@@ -44,8 +44,10 @@ WITH (
     autovacuum_vacuum_cost_delay = 0
 );
 
--- One live job per (kind, key). Rows with a NULL key never conflict.
-CREATE UNIQUE INDEX jobs_live_key ON jobs (kind, key) WHERE state IN ('pending', 'running');
+-- One live job per (kind, key). Jobs without a key never conflict, so they are left out:
+-- enqueueing and claiming them maintains one index fewer.
+CREATE UNIQUE INDEX jobs_live_key ON jobs (kind, key)
+    WHERE state IN ('pending', 'running') AND key IS NOT NULL;
 
 -- The claim: per kind, the claimable rows in (run_after, id) order. Leading with kind
 -- means a backlog of a kind this runtime does not claim is never scanned; ordering by

@@ -18,7 +18,7 @@ pub(crate) const ENQUEUE_ONE: &str = r#"
 WITH ins AS (
     INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
     VALUES ($1, $2, $3::jsonb, $4, now() + $5 * interval '1 millisecond')
-    ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') DO UPDATE SET
+    ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
         run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
@@ -47,7 +47,7 @@ WITH ins AS (
     FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[])
          WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, ord)
     ORDER BY u.ord
-    ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') DO UPDATE SET
+    ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
         run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
@@ -271,7 +271,7 @@ SELECT $1, $4, $2::jsonb, $3
 WHERE NOT EXISTS (
     SELECT 1 FROM jobs WHERE kind = $1 AND key = $4 AND state IN ('pending', 'running')
 )
-ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') DO NOTHING
+ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO NOTHING
 "#;
 
 /// For the kinds `$1`: how many jobs are claimable now (counted up to 100,000, so the
@@ -293,7 +293,7 @@ FROM unnest($1::text[]) AS w(kind)
 
 /// The payloads of the live jobs of kind `$1`, oldest first (`jobs::testing`).
 ///
-/// Index: `jobs_live_key (kind, key)` covers exactly the live rows of a kind.
+/// Index: `jobs_claim` and `jobs_running` (`jobs_live_key` holds only keyed rows).
 pub(crate) const LIVE_PAYLOADS: &str = r#"
 SELECT payload::text FROM jobs
 WHERE kind = $1 AND state IN ('pending', 'running')
