@@ -378,32 +378,49 @@ async fn claim_reads_only_its_kinds_claimable_rows(pool: PgPool) {
     .unwrap();
     sqlx::query("ANALYZE jobs").execute(&pool).await.unwrap();
 
-    let mut tx = pool.begin().await.unwrap();
-    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
-        jobs::__private::CLAIM_SQL
-    )))
-    .bind(vec!["rt.count"])
-    .bind(vec![10i32])
-    .bind(vec![Some(30_000i64)])
-    .bind(10i32)
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
-    tx.rollback().await.unwrap();
+    // Both plans: sqlx caches the prepared claim, and PostgreSQL switches a cached
+    // statement to its generic plan, which cannot see the parameters' values.
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SET LOCAL plan_cache_mode = {mode}"
+        )))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
+            jobs::__private::CLAIM_SQL
+        )))
+        .bind(vec!["rt.count"])
+        .bind(vec![10i32])
+        .bind(vec![Some(30_000i64)])
+        .bind(10i32)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        tx.rollback().await.unwrap();
 
-    let text = plan.to_string();
-    assert!(
-        text.contains("\"Index Name\":\"jobs_claim\""),
-        "claim uses jobs_claim: {text}"
-    );
-    let top = &plan[0]["Plan"];
-    let blocks =
-        top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap();
-    // 200,000 rows fill thousands of pages; the claim of 10 reads a few dozen.
-    assert!(blocks < 200, "the claim read {blocks} blocks: {text}");
-    let claimed = plan[0]["Plan"]["Actual Rows"].as_i64().unwrap();
-    assert_eq!(claimed, 10);
+        let text = plan.to_string();
+        assert!(
+            text.contains("\"Index Name\":\"jobs_claim\""),
+            "{mode}: claim uses jobs_claim: {text}"
+        );
+        assert!(
+            !text.contains("\"JIT\""),
+            "{mode}: the claim is JIT-compiled: {text}"
+        );
+        let top = &plan[0]["Plan"];
+        let blocks = top["Shared Hit Blocks"].as_i64().unwrap()
+            + top["Shared Read Blocks"].as_i64().unwrap();
+        // 200,000 rows fill thousands of pages; the claim of 10 reads a few dozen.
+        assert!(
+            blocks < 200,
+            "{mode}: the claim read {blocks} blocks: {text}"
+        );
+        let claimed = plan[0]["Plan"]["Actual Rows"].as_i64().unwrap();
+        assert_eq!(claimed, 10, "{mode}");
+    }
 }
 
 // ---------------------------------------------------------------------------------
