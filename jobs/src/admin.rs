@@ -38,6 +38,7 @@ pub(crate) const STATEMENTS: &[(&str, &str)] = &[
     ("STATS", STATS),
     ("DONE_KINDS", DONE_KINDS),
     ("PRUNE_BATCH", PRUNE_BATCH),
+    ("PRUNE_FAILED_BATCH", PRUNE_FAILED_BATCH),
 ];
 
 /// The columns of a [`JobRow`], in the order [`JobRow::from_row`] reads them. A claim
@@ -224,6 +225,24 @@ WITH old AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM jobs j USING old WHERE j.id = old.id AND j.state = 'done'
+"#;
+
+/// Deletes up to `$2` failed rows of kind `$1` finished more than `$3` ms ago (the
+/// runtime's retention for failed rows, `Runtime::retain_failed`).
+///
+/// Index: `jobs_failed (kind, id) WHERE state = 'failed'`, a range scan from the oldest
+/// id (ids rise with time, so the oldest failures come first). `SKIP LOCKED`, as
+/// [`PRUNE_BATCH`]; an operator's retry or discard of the same row wins or waits.
+const PRUNE_FAILED_BATCH: &str = r#"
+WITH old AS MATERIALIZED (
+    SELECT id FROM jobs
+    WHERE state = 'failed' AND kind = $1
+      AND finished_at < now() - $3 * interval '1 millisecond'
+    ORDER BY id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM jobs j USING old WHERE j.id = old.id AND j.state = 'failed'
 "#;
 
 /// The state of a job row.
@@ -678,6 +697,38 @@ where
         }
     }
     Ok(deleted)
+}
+
+/// One bounded batch of [`PRUNE_BATCH`]; returns how many rows it deleted.
+pub(crate) async fn prune_batch<'e, E: PgExecutor<'e>>(
+    executor: E,
+    kind: &str,
+    older_than: Duration,
+    batch: i64,
+) -> Result<u64, Error> {
+    Ok(sqlx::query(PRUNE_BATCH)
+        .bind(kind)
+        .bind(batch)
+        .bind(crate::enqueue::millis(older_than))
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
+/// One bounded batch of [`PRUNE_FAILED_BATCH`]; returns how many rows it deleted.
+pub(crate) async fn prune_failed_batch<'e, E: PgExecutor<'e>>(
+    executor: E,
+    kind: &str,
+    older_than: Duration,
+    batch: i64,
+) -> Result<u64, Error> {
+    Ok(sqlx::query(PRUNE_FAILED_BATCH)
+        .bind(kind)
+        .bind(batch)
+        .bind(crate::enqueue::millis(older_than))
+        .execute(executor)
+        .await?
+        .rows_affected())
 }
 
 /// A row count from the database, never negative.

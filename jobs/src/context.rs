@@ -32,12 +32,27 @@ pub(crate) struct Inner {
     pub config: JobConfig,
     pub pool: PgPool,
     pub lost: watch::Receiver<bool>,
-    /// A fenced transaction holds the row lock: the heartbeat leaves the claim alone.
+    /// A fenced transaction of this claim is open (one at a time).
+    pub fence_open: AtomicBool,
+    /// A fenced transaction holds the row lock: a failed renewal is not a lost lease.
     pub fenced: AtomicBool,
+    /// A fenced transaction was dropped without `commit()` or `rollback()`: its writes
+    /// were rolled back, so the run cannot count as a success.
+    pub fence_dropped: AtomicBool,
     /// A fenced transaction committed the completion: the runtime writes nothing more.
     pub completed: AtomicBool,
-    /// Transaction mode: the claim's transaction, lent to the handler.
-    pub tx: Option<Mutex<Option<Transaction<'static, Postgres>>>>,
+    /// Transaction mode: the handler's transaction, opened at its first use.
+    pub tx: Option<Mutex<TxSlot>>,
+}
+
+/// The handler's transaction in transaction mode.
+pub(crate) enum TxSlot {
+    /// The handler has not asked for it yet.
+    Unopened,
+    /// Open: the handler's writes so far.
+    Open(Transaction<'static, Postgres>),
+    /// The handler has returned; the runtime took the transaction.
+    Closed,
 }
 
 impl fmt::Debug for JobContext {
@@ -105,6 +120,11 @@ impl JobContext {
     /// job was taken over, or it was completed already), this returns a lease-lost error
     /// and nothing is written. Keep the transaction short: while it is open it holds the
     /// job's row lock, and the runtime does not renew the lease.
+    ///
+    /// Dropped without [`FencedTx::commit`], the transaction rolls back, and the run
+    /// cannot complete the job: a handler that then returns `Ok(())` is recorded as a
+    /// failed attempt (its writes were lost) and the job is retried. Call
+    /// [`FencedTx::rollback`] to roll back on purpose.
     pub async fn fenced_tx(&self) -> Result<FencedTx, JobError> {
         if self.inner.tx.is_some() {
             return Err(JobError::permanent(
@@ -114,13 +134,15 @@ impl JobContext {
         if self.inner.completed.load(Ordering::Acquire) {
             return Err(JobError::lease_lost());
         }
-        if self.inner.fenced.swap(true, Ordering::AcqRel) {
+        if self.inner.fence_open.swap(true, Ordering::AcqRel) {
             return Err(JobError::permanent(
                 "a fenced transaction of this job is already open",
             ));
         }
         let guard = FenceFlag(self.clone());
         let mut tx = self.inner.pool.begin().await?;
+        // Until the row is locked the heartbeat keeps renewing the claim (the lock may
+        // take a while: an application's transaction can hold the row).
         let locked: Option<(i64,)> = sqlx::query_as(crate::sql::FENCE)
             .bind(self.inner.id)
             .bind(self.inner.token)
@@ -129,28 +151,37 @@ impl JobContext {
         if locked.is_none() {
             return Err(JobError::lease_lost());
         }
+        self.inner.fenced.store(true, Ordering::Release);
         Ok(FencedTx {
             tx: Some(tx),
             flag: guard,
         })
     }
 
-    /// The claim's own transaction, in transaction mode (`lease = "transaction"`).
+    /// The handler's transaction, in transaction mode (`lease = "transaction"`).
     ///
-    /// Everything written through it commits together with the job's completion, or is
-    /// rolled back with the attempt if the handler fails. Lock it, use it, and let the
-    /// guard go before the handler returns.
+    /// Opened at the first call; every later call returns the same transaction.
+    /// Everything written through it commits together with the job's completion when
+    /// the handler returns `Ok(())`: the runtime then locks the job's row in this
+    /// transaction, checks that the claim is still this run's, completes the job and
+    /// commits. If the claim is gone, or the handler fails, the transaction rolls back.
+    /// The row is not locked while the handler works, so enqueues of the job's key never
+    /// wait for it. Lock the guard, use it, and let it go before the handler returns.
     pub async fn tx(&self) -> Result<TxGuard<'_>, JobError> {
         let Some(slot) = &self.inner.tx else {
             return Err(JobError::permanent(
                 "tx() is for kinds with lease = \"transaction\"; with a heartbeat lease use ctx.fenced_tx()",
             ));
         };
-        let guard = slot.lock().await;
-        if guard.is_none() {
-            return Err(JobError::permanent(
-                "the job's transaction is over: the handler has returned",
-            ));
+        let mut guard = slot.lock().await;
+        match &*guard {
+            TxSlot::Open(_) => {}
+            TxSlot::Unopened => *guard = TxSlot::Open(self.inner.pool.begin().await?),
+            TxSlot::Closed => {
+                return Err(JobError::permanent(
+                    "the job's transaction is over: the handler has returned",
+                ));
+            }
         }
         Ok(TxGuard { guard })
     }
@@ -162,6 +193,7 @@ struct FenceFlag(JobContext);
 impl Drop for FenceFlag {
     fn drop(&mut self) {
         self.0.inner.fenced.store(false, Ordering::Release);
+        self.0.inner.fence_open.store(false, Ordering::Release);
     }
 }
 
@@ -191,13 +223,21 @@ impl FencedTx {
             .tx
             .take()
             .expect("a FencedTx holds its transaction until commit");
-        let done = completer::complete_one(&mut tx, &ctx.inner).await?;
-        if !done {
-            return Err(JobError::lease_lost());
+        let result = async {
+            if !completer::complete_one(&mut tx, &ctx.inner).await? {
+                return Err(JobError::lease_lost());
+            }
+            tx.commit().await?;
+            Ok(())
         }
-        tx.commit().await?;
-        ctx.inner.completed.store(true, Ordering::Release);
-        Ok(())
+        .await;
+        match &result {
+            Ok(()) => ctx.inner.completed.store(true, Ordering::Release),
+            // Nothing was written: a handler that returns Ok(()) anyway does not
+            // complete the job.
+            Err(_) => ctx.inner.fence_dropped.store(true, Ordering::Release),
+        }
+        result
     }
 
     /// Rolls the transaction back; the job stays claimed by this handler.
@@ -206,6 +246,19 @@ impl FencedTx {
             tx.rollback().await?;
         }
         Ok(())
+    }
+}
+
+impl Drop for FencedTx {
+    fn drop(&mut self) {
+        // Still holding the transaction: neither committed nor rolled back on purpose.
+        if self.tx.is_some() {
+            self.flag
+                .0
+                .inner
+                .fence_dropped
+                .store(true, Ordering::Release);
+        }
     }
 }
 
@@ -228,7 +281,7 @@ impl DerefMut for FencedTx {
 
 /// The claim's transaction in transaction mode, lent to the handler; see [`JobContext::tx`].
 pub struct TxGuard<'a> {
-    guard: MutexGuard<'a, Option<Transaction<'static, Postgres>>>,
+    guard: MutexGuard<'a, TxSlot>,
 }
 
 impl fmt::Debug for TxGuard<'_> {
@@ -240,17 +293,19 @@ impl fmt::Debug for TxGuard<'_> {
 impl Deref for TxGuard<'_> {
     type Target = PgConnection;
     fn deref(&self) -> &PgConnection {
-        self.guard
-            .as_deref()
-            .expect("checked when the guard was made")
+        match &*self.guard {
+            TxSlot::Open(tx) => tx,
+            _ => unreachable!("a TxGuard is made only over an open transaction"),
+        }
     }
 }
 
 impl DerefMut for TxGuard<'_> {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        self.guard
-            .as_deref_mut()
-            .expect("checked when the guard was made")
+        match &mut *self.guard {
+            TxSlot::Open(tx) => tx,
+            _ => unreachable!("a TxGuard is made only over an open transaction"),
+        }
     }
 }
 

@@ -52,6 +52,7 @@ impl NewJob {
             source,
         })?;
         let key = job.key();
+        check_delay(J::KIND, delay)?;
         check_text("kind", J::KIND, J::KIND)?;
         if let Some(key) = &key {
             check_text("key", J::KIND, key)?;
@@ -82,9 +83,24 @@ fn check_text(what: &str, kind: &str, text: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// A duration in whole milliseconds for SQL, saturating.
+/// The longest delay or period the database is given: 1,000 years. `now()` plus
+/// anything much longer overflows PostgreSQL's timestamp ("interval out of range").
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(1_000 * 365 * 24 * 3600);
+
+/// A duration in whole milliseconds for SQL, capped at [`MAX_DURATION`] (settings such as
+/// a backoff cap of `Duration::MAX` mean "as long as possible").
 pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(d.min(MAX_DURATION).as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Refuses an enqueue delay the database cannot add to its clock.
+fn check_delay(kind: &str, delay: Duration) -> Result<(), Error> {
+    if delay > MAX_DURATION {
+        return Err(Error::InvalidInput(format!(
+            "the delay of a job of kind `{kind}` is {delay:?}, more than the 1,000 years a job can be scheduled ahead"
+        )));
+    }
+    Ok(())
 }
 
 fn outcome(inserted: bool, state: &str) -> EnqueueOutcome {
@@ -221,6 +237,31 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
                 rows.push(job);
             }
         }
+    }
+
+    // One global lock order for every batch: unkeyed rows first (they never conflict,
+    // and keep their input order so their ids rise in it), then keyed rows by
+    // (kind, key). Two batches of overlapping keys then never wait on each other in a
+    // cycle. `slot` is remapped to the sorted positions.
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (ra, rb) = (&rows[a], &rows[b]);
+        (ra.key.is_some(), ra.kind, &ra.key, a).cmp(&(rb.key.is_some(), rb.kind, &rb.key, b))
+    });
+    let mut position = vec![0; rows.len()];
+    for (to, &from) in order.iter().enumerate() {
+        position[from] = to;
+    }
+    let mut unsorted: Vec<Option<NewJob>> = rows.into_iter().map(Some).collect();
+    let rows: Vec<NewJob> = order
+        .iter()
+        .map(|&from| unsorted[from].take().expect("each row is moved once"))
+        .collect();
+    for at in &mut slot {
+        *at = position[*at];
+    }
+    for at in by_key.values_mut() {
+        *at = position[*at];
     }
 
     let n = rows.len();

@@ -26,6 +26,9 @@ pub enum Error {
     Registry(String),
     /// No job has this id (in the state the operation needs).
     NotFound(i64),
+    /// The runtime stopped because one of its own tasks failed (a panic in the claim
+    /// loop); its running jobs were handed back first.
+    Runtime(String),
 }
 
 impl fmt::Display for Error {
@@ -39,6 +42,7 @@ impl fmt::Display for Error {
             Error::InvalidInput(msg) => f.write_str(msg),
             Error::Registry(msg) => f.write_str(msg),
             Error::NotFound(id) => write!(f, "no job with id {id}"),
+            Error::Runtime(msg) => write!(f, "the jobs runtime stopped: {msg}"),
         }
     }
 }

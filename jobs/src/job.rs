@@ -91,9 +91,17 @@ pub enum Lease {
     /// (`lease = "30s"`). Delivery is at least once; fence result writes with
     /// [`JobContext::fenced_tx`](crate::JobContext::fenced_tx).
     Heartbeat(Duration),
-    /// The claim, the handler's writes and the completion are one transaction
-    /// (`lease = "transaction"`); the row lock is the lease. For short database-only steps.
+    /// The handler's writes and the job's completion commit in one transaction, exactly
+    /// once, or not at all (`lease = "transaction"`). The claim itself is committed
+    /// under a heartbeat lease of [`Lease::TRANSACTION_LEASE`], so the attempt counts
+    /// even if the session dies, and the row is locked only at the end, to check the
+    /// claim and complete the job. For short database-only steps.
     Transaction,
+}
+
+impl Lease {
+    /// The heartbeat lease under which a transaction-mode job is claimed.
+    pub const TRANSACTION_LEASE: Duration = Duration::from_secs(30);
 }
 
 /// The settings of one kind, written in the `#[job(...)]` attribute.
@@ -185,12 +193,17 @@ impl JobConfig {
         self
     }
 
-    /// The lease length of a heartbeat-lease kind; `None` in transaction mode.
-    pub(crate) fn heartbeat_lease(&self) -> Option<Duration> {
+    /// The length of the lease a claim of this kind is taken and renewed under.
+    pub(crate) fn lease_length(&self) -> Duration {
         match self.lease {
-            Lease::Heartbeat(d) => Some(d),
-            Lease::Transaction => None,
+            Lease::Heartbeat(d) => d,
+            Lease::Transaction => Lease::TRANSACTION_LEASE,
         }
+    }
+
+    /// Whether the kind runs in transaction mode.
+    pub(crate) fn is_transaction(&self) -> bool {
+        self.lease == Lease::Transaction
     }
 
     /// The backoff delay before the next attempt after `attempts` claims, before jitter:

@@ -10,8 +10,10 @@
 /// Index: `jobs_live_key` is the arbiter of `ON CONFLICT` (the predicate is repeated so
 /// PostgreSQL can infer the partial index). Concurrent enqueues of one key serialize on
 /// that index entry: the second waits for the first to commit and then updates its row,
-/// so none fails with a unique violation. A pending job takes the new payload and
-/// run-after; a running one takes the new payload and a re-run mark. One notification
+/// so none fails with a unique violation. A pending job takes the new payload, the new
+/// run-after (the newest trigger's time wins) and a fresh attempt budget (attempts back
+/// to 0, the new `max_attempts`); a running one takes the new payload and a re-run mark,
+/// and gets its fresh budget when its claim ends. One notification
 /// when the job is claimable now, delivered at commit (PostgreSQL folds identical
 /// notifications of one transaction into one).
 pub(crate) const ENQUEUE_ONE: &str = r#"
@@ -20,6 +22,8 @@ WITH ins AS (
     VALUES ($1, $2, $3::jsonb, $4, now() + $5 * interval '1 millisecond')
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
+        max_attempts = EXCLUDED.max_attempts,
+        attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
         run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
     RETURNING j.id, (j.xmax = 0) AS inserted, j.state, j.kind, j.run_after <= now() AS ready
@@ -36,9 +40,12 @@ CROSS JOIN LATERAL (
 /// (one statement may not update one row twice).
 ///
 /// `$1..$5` are arrays of kind, key, payload, max_attempts, delay_ms. Rows are fed in
-/// input order, so the ids of inserted rows rise in that order; each returned row
-/// carries its kind and key, which name a keyed row's input. Index: `jobs_live_key`, as
-/// [`ENQUEUE_ONE`]. One notification per kind that has a job claimable now.
+/// array order, and the caller sorts keyed rows by `(kind, key)`: every batch then
+/// takes its row locks (and waits for another inserter of the same key) in one global
+/// order, so two batches of overlapping keys never deadlock. The ids of inserted rows
+/// rise in array order; each returned row carries its kind and key, which name a keyed
+/// row's input. Index: `jobs_live_key`, as [`ENQUEUE_ONE`]. One notification per kind
+/// that has a job claimable now.
 pub(crate) const ENQUEUE_MANY: &str = r#"
 WITH ins AS (
     INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
@@ -49,6 +56,8 @@ WITH ins AS (
     ORDER BY u.ord
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
+        max_attempts = EXCLUDED.max_attempts,
+        attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
         run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
     RETURNING j.id, j.kind, j.key, (j.xmax = 0) AS inserted, j.state, j.run_after <= now() AS ready
@@ -62,51 +71,71 @@ FROM ins CROSS JOIN notify
 "#;
 
 /// Claims up to `$4` claimable jobs of the kinds in `$1`, at most `$2[i]` of kind
-/// `$1[i]`, each with a lease of `$3[i]` ms (NULL: transaction mode, the row lock is the
-/// lease and `claimed_until` is infinity).
+/// `$1[i]`, each with a lease of `$3[i]` ms (every lease mode claims under a lease).
 ///
 /// Index: `jobs_claim (kind, run_after, id) WHERE state = 'pending'`, one range scan per
 /// kind (the lateral join), so a backlog of other kinds or of future jobs is never read.
 /// The locking select runs once, in a materialized CTE (a `WHERE id IN (subquery)` may
 /// be re-evaluated and claim more than asked); `SKIP LOCKED` lets concurrent claimers
 /// take disjoint rows; `FOR NO KEY UPDATE` does not block foreign keys pointing at jobs.
-/// Rows locked by a kind's scan but cut by the overall limit are unlocked at the end of
-/// the statement. The rows are then updated through `id = ANY(array)`, probes of the
-/// primary key: joined to the CTE instead, a cached generic plan (which cannot see the
-/// limit) estimated tens of thousands of rows and merge-joined along the whole primary
-/// key, 550 ms per claim over two million rows. The constant `LIMIT 1000` per kind (a claim
-/// round takes at most that many jobs of one kind) keeps the generic plan's estimate, and so its cost,
-/// small: above `jit_above_cost` PostgreSQL compiled the plan on every execution, 17 ms
-/// each. The attempt is counted here, at claim time. Also returns how long
-/// each job waited past its run-after, on the database clock.
+///
+/// Only what is taken is locked. When the kinds' limits add up to more than `$4`, an
+/// unlocked first pass (`top`) finds which kinds the oldest `$4` due jobs belong to, and
+/// each kind's locking scan stops at its share; otherwise `top` is never evaluated (its
+/// only use is behind the `CASE`). A kind's locking scan skips rows other claimers hold
+/// and reads on down its range, so concurrent claimers get full batches.
+///
+/// The rows are then updated through `id = ANY(array)`, probes of the primary key:
+/// joined to the CTE instead, a cached generic plan (which cannot see the limit)
+/// estimated tens of thousands of rows and merge-joined along the whole primary key,
+/// 550 ms per claim over two million rows. The constant `LIMIT 1000` per kind (a claim
+/// round takes at most that many jobs of one kind) keeps the generic plan's estimate,
+/// and so its cost, small: above `jit_above_cost` PostgreSQL compiled the plan on every
+/// execution, 17 ms each. The attempt is counted here, at claim time, and commits with
+/// the claim in every lease mode. Also returns how long each job waited past its
+/// run-after, on the database clock.
 pub(crate) const CLAIM: &str = r#"
 WITH wanted AS (
     SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]) AS w(kind, n, lease_ms)
+),
+top AS (
+    SELECT c.kind
+    FROM wanted w
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT kind, run_after, id
+            FROM jobs
+            WHERE state = 'pending' AND kind = w.kind AND run_after <= now()
+            ORDER BY run_after, id
+            LIMIT w.n
+        ) one_kind
+        LIMIT 1000
+    ) c
+    ORDER BY c.run_after, c.id
+    LIMIT $4
 ),
 picked AS MATERIALIZED (
     SELECT c.id
     FROM wanted w
     CROSS JOIN LATERAL (
         SELECT * FROM (
-            SELECT id, run_after
+            SELECT id
             FROM jobs
             WHERE state = 'pending' AND kind = w.kind AND run_after <= now()
             ORDER BY run_after, id
-            LIMIT w.n
+            LIMIT CASE WHEN (SELECT sum(n) FROM wanted) <= $4 THEN w.n
+                       ELSE (SELECT count(*) FROM top t WHERE t.kind = w.kind) END
             FOR NO KEY UPDATE SKIP LOCKED
         ) one_kind
         LIMIT 1000
     ) c
-    ORDER BY c.run_after, c.id
-    LIMIT $4
 )
 UPDATE jobs j SET
     state = 'running',
     attempts = j.attempts + 1,
     claimed_by = gen_random_uuid(),
-    claimed_until = coalesce(
-        now() + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond',
-        'infinity')
+    claimed_until = now()
+        + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
 WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
           extract(epoch FROM now() - j.run_after)::float8 AS waited
@@ -119,8 +148,9 @@ RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::tex
 /// that marked the job for a re-run) and is tried again at the next beat.
 ///
 /// `SKIP LOCKED`, so that one locked row never stalls the renewal of every other claim
-/// of the runtime until their leases run out. Index: primary key, one probe per claim.
-/// Only `claimed_until` changes: a HOT update.
+/// of the runtime until their leases run out; it never waits for a lock, so it cannot
+/// deadlock. Index: primary key, one probe per claim. Only `claimed_until` changes: a
+/// HOT update.
 pub(crate) const RENEW: &str = r#"
 WITH c AS (
     SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, lease_ms)
@@ -129,6 +159,7 @@ free AS MATERIALIZED (
     SELECT j.id
     FROM jobs j JOIN c ON j.id = c.id
     WHERE j.claimed_by = c.token AND j.claimed_until > now()
+    ORDER BY j.id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ),
 renewed AS (
@@ -147,60 +178,107 @@ LEFT JOIN jobs j ON j.id = c.id
 
 /// Completes the claims `($1[i], $2[i])` of kinds that keep no history, by deleting
 /// them. A job marked for a re-run is left for [`COMPLETE_KEEP`]; a claim that is no
-/// longer current deletes nothing. Returns the ids deleted.
+/// longer current deletes nothing, nor does one whose row another transaction has
+/// locked (`SKIP LOCKED`: the completer tries it again, and keeps renewing its lease
+/// meanwhile, so one locked row never holds up another job's completion). Returns the
+/// ids deleted.
 ///
-/// Index: primary key. The re-run mark is re-checked on the newest row version, so a
-/// trigger that commits while this runs is never deleted with the job.
+/// Index: primary key. The re-run mark is re-checked on the row version that is locked,
+/// so a trigger that commits while this runs is never deleted with the job. Times are
+/// `statement_timestamp()`: this also runs inside a fenced transaction, where `now()`
+/// is the transaction's start.
 pub(crate) const COMPLETE_DELETE: &str = r#"
+WITH c AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+),
+mine AS MATERIALIZED (
+    SELECT j.id
+    FROM jobs j JOIN c ON j.id = c.id
+    WHERE j.claimed_by = c.token AND j.claimed_until > statement_timestamp()
+      AND j.rerun_after IS NULL
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+)
 DELETE FROM jobs j
-USING unnest($1::bigint[], $2::uuid[]) AS c(id, token)
-WHERE j.id = c.id AND j.claimed_by = c.token AND j.claimed_until > now()
-  AND j.rerun_after IS NULL
+USING mine m
+WHERE j.id = m.id
 RETURNING j.id
 "#;
 
 /// Completes the claims `($1[i], $2[i])` without deleting them: a job marked for a
-/// re-run goes back to pending at its trigger's run-after, a periodic one (`$3[i]` its
-/// period in ms) is re-armed one period from now, any other becomes `done`.
+/// re-run goes back to pending at its trigger's run-after with a fresh attempt budget,
+/// a periodic one (`$3[i]` its period in ms) is re-armed one period from now, any other
+/// becomes `done`. Returns, per claim, whether it was completed and, if not, whether it
+/// is still held (its row is locked by another transaction: try again later) or gone
+/// (expired, taken over or completed: refused).
 ///
-/// Index: primary key.
+/// `SKIP LOCKED` and one global order (by id), as [`COMPLETE_DELETE`]. Index: primary
+/// key. Times are `statement_timestamp()`, as there.
 pub(crate) const COMPLETE_KEEP: &str = r#"
-UPDATE jobs j SET
-    state = CASE WHEN j.rerun_after IS NOT NULL OR c.every_ms IS NOT NULL
-                 THEN 'pending' ELSE 'done' END,
-    run_after = CASE WHEN j.rerun_after IS NOT NULL THEN j.rerun_after
-                     WHEN c.every_ms IS NOT NULL THEN now() + c.every_ms * interval '1 millisecond'
-                     ELSE j.run_after END,
-    attempts = CASE WHEN j.rerun_after IS NOT NULL OR c.every_ms IS NOT NULL
-                    THEN 0 ELSE j.attempts END,
-    finished_at = CASE WHEN j.rerun_after IS NULL AND c.every_ms IS NULL THEN now() END,
-    last_error = NULL,
-    rerun_after = NULL,
-    claimed_by = NULL,
-    claimed_until = NULL
-FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, every_ms)
-WHERE j.id = c.id AND j.claimed_by = c.token AND j.claimed_until > now()
-RETURNING j.id
+WITH c AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, every_ms)
+),
+mine AS MATERIALIZED (
+    SELECT j.id
+    FROM jobs j JOIN c ON j.id = c.id
+    WHERE j.claimed_by = c.token AND j.claimed_until > statement_timestamp()
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+done AS (
+    UPDATE jobs j SET
+        state = CASE WHEN j.rerun_after IS NOT NULL OR c.every_ms IS NOT NULL
+                     THEN 'pending' ELSE 'done' END,
+        run_after = CASE WHEN j.rerun_after IS NOT NULL THEN j.rerun_after
+                         WHEN c.every_ms IS NOT NULL
+                         THEN statement_timestamp() + c.every_ms * interval '1 millisecond'
+                         ELSE j.run_after END,
+        attempts = CASE WHEN j.rerun_after IS NOT NULL OR c.every_ms IS NOT NULL
+                        THEN 0 ELSE j.attempts END,
+        finished_at = CASE WHEN j.rerun_after IS NULL AND c.every_ms IS NULL
+                           THEN statement_timestamp() END,
+        last_error = NULL,
+        rerun_after = NULL,
+        claimed_by = NULL,
+        claimed_until = NULL
+    FROM c JOIN mine m ON m.id = c.id
+    WHERE j.id = c.id
+    RETURNING j.id
+)
+SELECT c.id,
+       d.id IS NOT NULL AS done,
+       coalesce(j.claimed_by = c.token AND j.claimed_until > statement_timestamp(), false) AS held
+FROM c
+LEFT JOIN done d ON d.id = c.id
+LEFT JOIN jobs j ON j.id = c.id
 "#;
 
 /// Records a failed attempt of claim `($1, $2)`: `$3` the error message, `$4` whether
-/// it is permanent, `$5` the backoff in ms before jitter. Jitter keeps between half and
-/// all of it. The job becomes `failed` when permanent or out of attempts, unless a
-/// trigger arrived while it ran: then it goes back to pending with a fresh attempt
-/// budget, since that trigger has not been handled yet. Returns the new state.
+/// it is permanent, `$5` the backoff in ms before jitter, `$6` the kind's period in ms
+/// (NULL unless periodic). Jitter keeps between half and all of the backoff. The job
+/// becomes `failed` when permanent or out of attempts, unless a trigger arrived while
+/// it ran: then it goes back to pending with a fresh attempt budget, since that trigger
+/// has not been handled yet. A periodic kind's job is never parked: out of attempts it
+/// waits one period, with a fresh budget and its last error kept, so a failing periodic
+/// kind runs at its own pace and leaves no pile of failed rows. Returns the new state.
 ///
-/// Index: primary key.
+/// Index: primary key. Runs on its own (never inside a handler's transaction), so
+/// `now()` is the time of the failure.
 pub(crate) const FAIL: &str = r#"
 UPDATE jobs j SET
     state = CASE WHEN j.rerun_after IS NOT NULL THEN 'pending'
-                 WHEN $4 OR j.attempts >= j.max_attempts THEN 'failed'
+                 WHEN ($4 OR j.attempts >= j.max_attempts) AND $6::bigint IS NULL THEN 'failed'
                  ELSE 'pending' END,
     run_after = CASE
         WHEN j.rerun_after IS NOT NULL THEN greatest(j.rerun_after, now())
-        WHEN $4 OR j.attempts >= j.max_attempts THEN j.run_after
+        WHEN $4 OR j.attempts >= j.max_attempts
+            THEN coalesce(now() + $6::bigint * interval '1 millisecond', j.run_after)
         ELSE now() + ($5 * (0.5 + random() / 2)) * interval '1 millisecond' END,
-    attempts = CASE WHEN j.rerun_after IS NOT NULL THEN 0 ELSE j.attempts END,
+    attempts = CASE WHEN j.rerun_after IS NOT NULL THEN 0
+                    WHEN ($4 OR j.attempts >= j.max_attempts) AND $6::bigint IS NOT NULL THEN 0
+                    ELSE j.attempts END,
     finished_at = CASE WHEN j.rerun_after IS NULL AND ($4 OR j.attempts >= j.max_attempts)
+                            AND $6::bigint IS NULL
                        THEN now() END,
     last_error = $3,
     rerun_after = NULL,
@@ -230,7 +308,7 @@ RETURNING j.id
 /// Takes back up to `$1` claims whose lease expired: pending again, claimable now, or
 /// `failed` when the expired attempt was the last. The expiry is re-checked in this same
 /// statement, on the row version it locks, so a claim renewed or completed at the same
-/// instant is left alone.
+/// instant is left alone; a row another transaction holds is skipped, never waited for.
 ///
 /// Index: `jobs_running (kind, id) WHERE state = 'running'`, which holds only the
 /// running rows (at most the runtimes' total concurrency).
@@ -238,6 +316,7 @@ pub(crate) const RESCUE: &str = r#"
 WITH expired AS MATERIALIZED (
     SELECT id FROM jobs
     WHERE state = 'running' AND claimed_until < now()
+    ORDER BY id
     LIMIT $1
     FOR NO KEY UPDATE SKIP LOCKED
 )
@@ -258,29 +337,39 @@ WHERE j.id = e.id AND j.state = 'running' AND j.claimed_until < now()
 RETURNING j.id, j.kind, j.state
 "#;
 
-/// Locks claim `($1, $2)` for a fenced transaction, if it is still current.
+/// Locks claim `($1, $2)` if it is still current, in the caller's transaction: at the
+/// start of a fenced transaction, and at the end of a transaction-mode handler's
+/// transaction, just before the completion. Waits for the row lock (an application's
+/// transaction holding the row delays only this job).
 ///
-/// Index: primary key.
+/// Index: primary key. `statement_timestamp()`, since in transaction mode this runs
+/// late in a transaction whose `now()` is its start.
 pub(crate) const FENCE: &str = r#"
 SELECT id FROM jobs
-WHERE id = $1 AND claimed_by = $2 AND claimed_until > now()
+WHERE id = $1 AND claimed_by = $2 AND claimed_until > statement_timestamp()
 FOR NO KEY UPDATE
 "#;
 
 /// The key of a periodic kind's one live job.
 pub(crate) const PERIODIC_KEY: &str = "every";
 
-/// Arms the periodic kind `$1` (payload `$2`, max_attempts `$3`) if it has no live job.
-/// The fixed key ([`PERIODIC_KEY`], which the derive also gives every job of a periodic
-/// kind) makes this safe from every replica at once: the unique index admits one.
+/// Arms the periodic kind `$1` (payload `$2`, max_attempts `$3`) if it has no live job,
+/// and its newest failed row (a job whose last attempt's worker died) is at least one
+/// period (`$5` ms) old: a kind failing that way still runs at its own pace. The fixed
+/// key ([`PERIODIC_KEY`], which the derive also gives every job of a periodic kind)
+/// makes this safe from every replica at once: the unique index admits one.
 ///
-/// Index: `jobs_live_key` for both the existence check and the arbiter.
+/// Index: `jobs_live_key` for the existence check and the arbiter; `jobs_failed (kind,
+/// id)`, read backwards for one entry, for the newest failed row.
 pub(crate) const ARM_PERIODIC: &str = r#"
 INSERT INTO jobs (kind, key, payload, max_attempts)
 SELECT $1, $4, $2::jsonb, $3
 WHERE NOT EXISTS (
     SELECT 1 FROM jobs WHERE kind = $1 AND key = $4 AND state IN ('pending', 'running')
 )
+AND coalesce((
+    SELECT finished_at FROM jobs WHERE kind = $1 AND state = 'failed' ORDER BY id DESC LIMIT 1
+) <= now() - $5 * interval '1 millisecond', true)
 ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO NOTHING
 "#;
 

@@ -1,15 +1,21 @@
 //! The completer: writes successful outcomes, many claims per statement.
+//!
+//! A claim stays in the runtime's flights (and so keeps its lease renewed) until its
+//! completion is written or refused. The statements skip rows that another transaction
+//! has locked: such a completion waits in the completer for the next round, and never
+//! holds up the others.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
-use std::sync::Arc;
 
 use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
 
+use super::Flight;
 use crate::context::Inner;
 use crate::enqueue::millis;
 use crate::runtime::backoff::Backoff;
@@ -37,25 +43,36 @@ impl Completion {
     }
 }
 
-/// Completes one claim on `conn` (inside the caller's transaction, if any). Returns
-/// whether the claim was still current.
+/// What a round of completions came to.
+#[derive(Debug, Default)]
+pub(crate) struct Written {
+    /// Claims completed.
+    pub done: HashSet<i64>,
+    /// Claims still current whose row another transaction holds: try again.
+    pub locked: HashSet<i64>,
+}
+
+/// Completes one claim on `conn` (inside the caller's transaction, which holds the
+/// row's lock). Returns whether the claim was still current.
 pub(crate) async fn complete_one(
     conn: &mut PgConnection,
     job: &Inner,
 ) -> Result<bool, sqlx::Error> {
     Ok(!complete_batch(conn, &[Completion::of(job)])
         .await?
+        .done
         .is_empty())
 }
 
 /// Completes claims: one `DELETE` for kinds without history, then one `UPDATE` for the
-/// rest (kept, periodic, marked for a re-run) and for any the delete skipped because a
-/// re-run mark arrived. Returns the ids of the claims that were still current.
+/// rest (kept, periodic, marked for a re-run) and for any the delete skipped (a re-run
+/// mark arrived, or the row was locked). Rows are locked in id order and locked rows are
+/// skipped, so this never waits for another transaction.
 pub(crate) async fn complete_batch(
     conn: &mut PgConnection,
     batch: &[Completion],
-) -> Result<HashSet<i64>, sqlx::Error> {
-    let mut done = HashSet::with_capacity(batch.len());
+) -> Result<Written, sqlx::Error> {
+    let mut written = Written::default();
     let delete: Vec<&Completion> = batch
         .iter()
         .filter(|c| !c.keep && c.every_ms.is_none())
@@ -68,77 +85,122 @@ pub(crate) async fn complete_batch(
             .bind(&tokens)
             .fetch_all(&mut *conn)
             .await?;
-        done.extend(deleted.into_iter().map(|(id,)| id));
+        written.done.extend(deleted.into_iter().map(|(id,)| id));
     }
-    let rest: Vec<&Completion> = batch.iter().filter(|c| !done.contains(&c.id)).collect();
+    let rest: Vec<&Completion> = batch
+        .iter()
+        .filter(|c| !written.done.contains(&c.id))
+        .collect();
     if !rest.is_empty() {
         let ids: Vec<i64> = rest.iter().map(|c| c.id).collect();
         let tokens: Vec<Uuid> = rest.iter().map(|c| c.token).collect();
         let every: Vec<Option<i64>> = rest.iter().map(|c| c.every_ms).collect();
-        let kept: Vec<(i64,)> = sqlx::query_as(sql::COMPLETE_KEEP)
+        let kept: Vec<(i64, bool, bool)> = sqlx::query_as(sql::COMPLETE_KEEP)
             .bind(&ids)
             .bind(&tokens)
             .bind(&every)
             .fetch_all(&mut *conn)
             .await?;
-        done.extend(kept.into_iter().map(|(id,)| id));
+        for (id, done, held) in kept {
+            if done {
+                written.done.insert(id);
+            } else if held {
+                written.locked.insert(id);
+            }
+        }
     }
-    Ok(done)
+    Ok(written)
 }
 
 /// How long the completer keeps its connection with nothing to write.
 const HOLD: Duration = Duration::from_millis(100);
 
+/// How soon a completion whose row was locked is tried again.
+const LOCKED_RETRY: Duration = Duration::from_millis(50);
+
 /// Writes completions as they come, batching whatever has queued up while the previous
 /// batch was being written. A database error is retried with backoff: a completion is
 /// never dropped while the runtime lives (and if it is lost with the process, the job
-/// runs again after its lease, which is what at-least-once allows).
+/// runs again after its lease, which is what at-least-once allows). The channel is
+/// bounded: executors wait when the completer is behind.
 ///
-/// A completion that sends its job back to pending (a re-run mark) wakes this
-/// runtime's producer (`wake`), so the re-run does not wait for the next poll.
+/// Each claim's flight is removed once its completion is written or refused, so the
+/// heartbeat renews the claim until then. A completion that sends its job back to
+/// pending (a re-run mark) wakes this runtime's producer (`wake`).
 pub(crate) async fn run(
-    pool: PgPool,
-    mut rx: mpsc::UnboundedReceiver<Completion>,
+    db: PgPool,
+    mut rx: mpsc::Receiver<Completion>,
+    flights: Arc<Mutex<HashMap<Uuid, Flight>>>,
     wake: Arc<Notify>,
 ) {
     const MAX_BATCH: usize = 2_000;
     let mut batch = Vec::with_capacity(256);
+    // Completions whose row was locked, tried again with the next round.
+    let mut waiting: Vec<Completion> = Vec::new();
     // Held across batches while completions keep coming (a pool connection is pinged
     // on every acquire), given back to the pool after a quiet moment.
     let mut conn: Option<PoolConnection<Postgres>> = None;
+    let mut closed = false;
     loop {
-        let received = match tokio::time::timeout(HOLD, rx.recv_many(&mut batch, MAX_BATCH)).await {
-            Ok(n) => n,
-            Err(_) => {
-                conn = None;
-                rx.recv_many(&mut batch, MAX_BATCH).await
-            }
+        let wait = if waiting.is_empty() {
+            HOLD
+        } else {
+            LOCKED_RETRY
         };
-        if received == 0 {
-            break; // every sender is gone: the runtime has stopped
+        if !closed {
+            match tokio::time::timeout(wait, rx.recv_many(&mut batch, MAX_BATCH)).await {
+                Ok(0) => closed = true, // every sender is gone: the runtime has stopped
+                Ok(_) => {}
+                Err(_) if waiting.is_empty() => {
+                    conn = None;
+                    if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
+                        closed = true;
+                    }
+                }
+                Err(_) => {}
+            }
+        } else if !waiting.is_empty() {
+            tokio::time::sleep(wait).await;
+        }
+        batch.append(&mut waiting);
+        if batch.is_empty() {
+            if closed {
+                break;
+            }
+            continue;
         }
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         loop {
             let result = async {
                 let c = match &mut conn {
                     Some(c) => c,
-                    None => conn.insert(pool.acquire().await?),
+                    None => conn.insert(db.acquire().await?),
                 };
                 complete_batch(c, &batch).await
             }
             .await;
             match result {
-                Ok(done) => {
+                Ok(written) => {
                     if batch.iter().any(|c| c.keep || c.every_ms.is_some())
-                        || done.len() < batch.len()
+                        || written.done.len() < batch.len()
                     {
                         wake.notify_one();
                     }
-                    for c in batch.iter().filter(|c| !done.contains(&c.id)) {
-                        tracing::warn!(
-                            job.id = c.id,
-                            "completion refused: the claim had expired and was taken over; the job will run again"
-                        );
+                    let mut flights = flights.lock().expect("lock poisoned");
+                    for c in batch.drain(..) {
+                        if written.locked.contains(&c.id) {
+                            // Another transaction holds the row: its lease is still
+                            // renewed (the flight stays); try again shortly.
+                            waiting.push(c);
+                            continue;
+                        }
+                        flights.remove(&c.token);
+                        if !written.done.contains(&c.id) {
+                            tracing::warn!(
+                                job.id = c.id,
+                                "completion refused: the claim had expired and was taken over; the job will run again"
+                            );
+                        }
                     }
                     break;
                 }
@@ -150,6 +212,5 @@ pub(crate) async fn run(
                 }
             }
         }
-        batch.clear();
     }
 }

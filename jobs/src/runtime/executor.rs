@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
-use sqlx::{Postgres, Transaction};
 use tokio::sync::{Mutex, watch};
 use tracing::Instrument;
 use uuid::Uuid;
@@ -16,7 +15,7 @@ use uuid::Uuid;
 use super::backoff::Backoff;
 use super::completer::{self, Completion};
 use super::{Flight, Shared, observe};
-use crate::context::{Inner, JobContext, JobErrorKind};
+use crate::context::{Inner, JobContext, JobErrorKind, TxSlot};
 use crate::enqueue::millis;
 use crate::registry::{HandlerInfo, HandlerInput};
 use crate::sql;
@@ -56,12 +55,7 @@ impl Outcome {
     }
 }
 
-pub(crate) async fn execute(
-    shared: Arc<Shared>,
-    handler: &'static HandlerInfo,
-    job: Claimed,
-    tx: Option<Transaction<'static, Postgres>>,
-) {
+pub(crate) async fn execute(shared: Arc<Shared>, handler: &'static HandlerInfo, job: Claimed) {
     let span = tracing::info_span!(
         "job",
         job.id = job.id,
@@ -70,17 +64,12 @@ pub(crate) async fn execute(
         job.outcome = tracing::field::Empty,
     );
     let kind = handler.kind;
-    run(shared.clone(), handler, job, tx).instrument(span).await;
+    run(shared.clone(), handler, job).instrument(span).await;
     shared.give_slot(kind);
 }
 
-async fn run(
-    shared: Arc<Shared>,
-    handler: &'static HandlerInfo,
-    mut job: Claimed,
-    tx: Option<Transaction<'static, Postgres>>,
-) {
-    let transaction_mode = tx.is_some();
+async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claimed) {
+    let transaction_mode = handler.config.is_transaction();
     let (lost_tx, lost_rx) = watch::channel(false);
     let inner = Arc::new(Inner {
         id: job.id,
@@ -91,28 +80,42 @@ async fn run(
         config: handler.config,
         pool: shared.pool.clone(),
         lost: lost_rx,
+        fence_open: AtomicBool::new(false),
         fenced: AtomicBool::new(false),
+        fence_dropped: AtomicBool::new(false),
         completed: AtomicBool::new(false),
-        tx: tx.map(|tx| Mutex::new(Some(tx))),
+        tx: transaction_mode.then(|| Mutex::new(TxSlot::Unopened)),
     });
-    if let (false, Some(lease)) = (transaction_mode, handler.config.heartbeat_lease()) {
-        shared.flights.lock().expect("lock poisoned").insert(
-            job.token,
-            Flight {
-                ctx: inner.clone(),
-                lost: lost_tx,
-                lease,
-                last_renewed: job.claimed_at,
-            },
-        );
-    }
+    // The claim is renewed from here until its outcome is written (by this executor,
+    // or by the completer for a success), in every lease mode.
+    shared.flights.lock().expect("lock poisoned").insert(
+        job.token,
+        Flight {
+            ctx: inner.clone(),
+            lost: lost_tx,
+            lease: handler.config.lease_length(),
+            last_renewed: job.claimed_at,
+        },
+    );
     let ctx = JobContext {
         inner: inner.clone(),
     };
 
     let started = Instant::now();
     let payload = std::mem::take(&mut job.payload);
-    let outcome = run_handler(&shared, handler, payload, ctx.clone(), transaction_mode).await;
+    let mut outcome = run_handler(&shared, handler, payload, ctx.clone()).await;
+    if transaction_mode {
+        outcome = commit_transaction(&inner, outcome).await;
+    } else if matches!(outcome, Outcome::Succeeded)
+        && inner.fence_dropped.load(Ordering::Acquire)
+        && !inner.completed.load(Ordering::Acquire)
+    {
+        outcome = Outcome::Retry(
+            "the handler returned Ok(()) after a fenced transaction of this run ended without \
+             commit(): its writes were rolled back, so the job is not complete"
+                .to_owned(),
+        );
+    }
     let label = outcome.label(&job);
     tracing::Span::current().record("job.outcome", label);
     observe::finished(&shared.counts, handler.kind, label, started.elapsed());
@@ -132,18 +135,56 @@ async fn run(
         outcome,
         Outcome::Retry(_) | Outcome::Permanent(_) | Outcome::Snooze(_)
     );
-    if transaction_mode {
-        finish_in_transaction(&inner, outcome).await;
-    } else {
-        finish(&shared, &inner, job.claimed_at, outcome).await;
-        shared
-            .flights
-            .lock()
-            .expect("lock poisoned")
-            .remove(&job.token);
-    }
+    finish(&shared, &inner, job.claimed_at, outcome).await;
     if may_be_due {
         shared.wake.notify_one();
+    }
+}
+
+/// Ends a transaction-mode run. On success with an open transaction: lock the job's
+/// row in that transaction, check the claim is still this run's, complete the job and
+/// commit, all in one transaction, so the handler's writes and the completion commit
+/// together or not at all. Otherwise the transaction rolls back, and the outcome is
+/// written like any other (fenced by the claim's token).
+async fn commit_transaction(job: &Inner, outcome: Outcome) -> Outcome {
+    let slot = job.tx.as_ref().expect("transaction mode");
+    let tx = match std::mem::replace(&mut *slot.lock().await, TxSlot::Closed) {
+        TxSlot::Open(tx) => tx,
+        // The handler wrote nothing: the completer completes it like any other.
+        TxSlot::Unopened | TxSlot::Closed => return outcome,
+    };
+    if !matches!(outcome, Outcome::Succeeded) {
+        drop(tx); // rolls back the handler's writes
+        return outcome;
+    }
+    let mut tx = tx;
+    let result: Result<bool, sqlx::Error> = async {
+        let locked: Option<(i64,)> = sqlx::query_as(sql::FENCE)
+            .bind(job.id)
+            .bind(job.token)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if locked.is_none() || !completer::complete_one(&mut tx, job).await? {
+            return Ok(false);
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+    .await;
+    match result {
+        Ok(true) => {
+            job.completed.store(true, Ordering::Release);
+            Outcome::Succeeded
+        }
+        Ok(false) => {
+            tracing::warn!(
+                "the claim was lost before the job's transaction committed; its writes were rolled back"
+            );
+            Outcome::LeaseLost
+        }
+        // The transaction rolled back (or, if the commit's answer was lost, may have
+        // committed: then the failure written next is refused by its token).
+        Err(e) => Outcome::Retry(format!("cannot commit the job's transaction: {e}")),
     }
 }
 
@@ -152,9 +193,8 @@ async fn run_handler(
     handler: &'static HandlerInfo,
     payload: String,
     ctx: JobContext,
-    transaction_mode: bool,
 ) -> Outcome {
-    let cancel_on_loss = ctx.inner.config.cancel_on_lease_loss && !transaction_mode;
+    let cancel_on_loss = ctx.inner.config.cancel_on_lease_loss;
     let timeout = ctx.inner.config.timeout;
     let future = (handler.call)(HandlerInput {
         payload,
@@ -188,7 +228,7 @@ async fn run_handler(
     }
 }
 
-fn panic_message(panic: &(dyn Any + Send)) -> String {
+pub(super) fn panic_message(panic: &(dyn Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {
@@ -198,31 +238,43 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
     }
 }
 
-/// Writes the outcome of a heartbeat-lease claim, fenced by its token. A database error
-/// is retried until the lease has surely run out (after that the write would be refused
-/// anyway, and the rescuer returns the job).
+/// Writes the outcome of a claim, fenced by its token, and lets go of the claim's
+/// flight once it is written. A success goes to the completer, which lets go of the
+/// flight itself once the completion is written, so the lease is renewed until then. A
+/// database error is retried until the lease has surely run out (after that the write
+/// would be refused anyway, and the rescuer returns the job).
 async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outcome) {
+    let forget = || {
+        shared
+            .flights
+            .lock()
+            .expect("lock poisoned")
+            .remove(&job.token);
+    };
     if job.completed.load(Ordering::Acquire) {
-        return; // a fenced transaction completed it together with the handler's writes
+        forget(); // completed together with the handler's writes
+        return;
     }
     if let Outcome::Succeeded = outcome {
-        if shared.completions.send(Completion::of(job)).is_err() {
+        if shared.completions.send(Completion::of(job)).await.is_err() {
             tracing::error!("completer stopped; the job will run again after its lease");
+            forget();
         }
         return;
     }
     if let Outcome::LeaseLost = outcome {
+        forget();
         return;
     }
-    let lease = job.config.heartbeat_lease().unwrap_or_default();
+    let lease = job.config.lease_length();
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
     loop {
-        let result = write_outcome(&shared.pool, job, &outcome).await;
+        let result = write_outcome(&shared.db, job, &outcome).await;
         match result {
-            Ok(true) => return,
+            Ok(true) => break,
             Ok(false) => {
                 tracing::warn!("outcome refused: the claim had already expired");
-                return;
+                break;
             }
             Err(e) => {
                 let last_renewed = shared
@@ -233,7 +285,7 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
                     .map_or(claimed_at, |f| f.last_renewed);
                 if last_renewed.elapsed() > lease {
                     tracing::warn!(error = %e, "cannot write the job's outcome and its lease has run out; it will be rescued");
-                    return;
+                    break;
                 }
                 let wait = backoff.next();
                 tracing::warn!(error = %e, retry_in = ?wait, "cannot write the job's outcome; retrying");
@@ -241,6 +293,7 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
             }
         }
     }
+    forget();
 }
 
 /// Writes a failure, snooze or hand-back. Returns whether the claim was still current.
@@ -258,6 +311,7 @@ async fn write_outcome<'e, E: sqlx::PgExecutor<'e>>(
                 .bind(message)
                 .bind(permanent)
                 .bind(millis(job.config.backoff_after(job.attempt)))
+                .bind(job.config.every.map(millis))
                 .execute(executor)
                 .await?
         }
@@ -279,40 +333,4 @@ async fn release<'e, E: sqlx::PgExecutor<'e>>(
         .bind(delay_ms)
         .execute(executor)
         .await
-}
-
-/// Ends a transaction-mode claim: completion and the handler's writes commit together;
-/// on failure the handler's writes are rolled back to the savepoint taken after the
-/// claim, and the failure is recorded in the same transaction. If anything here fails,
-/// the whole transaction rolls back and the job is claimable again at once.
-async fn finish_in_transaction(job: &Inner, outcome: Outcome) {
-    let slot = job.tx.as_ref().expect("transaction mode");
-    let Some(mut tx) = slot.lock().await.take() else {
-        return;
-    };
-    if let Outcome::Stopped = outcome {
-        drop(tx); // rolls back: claimable at once
-        return;
-    }
-    let result: Result<(), sqlx::Error> = async {
-        match outcome {
-            Outcome::Succeeded => {
-                if !completer::complete_one(&mut tx, job).await? {
-                    tracing::error!("transaction-mode claim vanished before completion");
-                    return Ok(());
-                }
-            }
-            other => {
-                sqlx::query("ROLLBACK TO SAVEPOINT jobs_handler")
-                    .execute(&mut *tx)
-                    .await?;
-                write_outcome(&mut *tx, job, &other).await?;
-            }
-        }
-        tx.commit().await
-    }
-    .await;
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "cannot commit the job's transaction; it rolled back and the job is claimable again");
-    }
 }

@@ -11,15 +11,16 @@ use super::Shared;
 use crate::enqueue::millis;
 use crate::sql;
 
-/// Renews every held claim in one statement, three times per (shortest) lease.
+/// Renews every held claim in one statement, three times per (shortest) lease: from the
+/// claim until its outcome is written, in every lease mode.
 pub(super) async fn run(shared: Arc<Shared>) {
     let shortest = shared
         .handlers
         .values()
-        .filter_map(|h| h.config.heartbeat_lease())
+        .map(|h| h.config.lease_length())
         .min();
     let Some(shortest) = shortest else {
-        return; // only transaction-mode kinds: the row lock is the lease
+        return; // no kinds: nothing is ever claimed
     };
     let tick = (shortest / 3).max(Duration::from_millis(20));
     loop {
@@ -30,8 +31,9 @@ pub(super) async fn run(shared: Arc<Shared>) {
         {
             let flights = shared.flights.lock().expect("lock poisoned");
             for (token, flight) in flights.iter() {
-                // A fenced transaction holds the row lock; renewing would wait for it.
-                if flight.ctx.fenced.load(Ordering::Acquire) || *flight.lost.borrow() {
+                // A row locked by a fenced transaction (or anyone else) is skipped by
+                // the renewal itself; it never waits for the lock.
+                if *flight.lost.borrow() {
                     continue;
                 }
                 ids.push(flight.ctx.id);
@@ -49,7 +51,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
             .bind(&ids)
             .bind(&tokens)
             .bind(&leases)
-            .fetch_all(&shared.pool);
+            .fetch_all(&shared.db);
         let result: Result<Vec<(Uuid, bool, bool)>, sqlx::Error> =
             match tokio::time::timeout(shortest / 2, renewal).await {
                 Ok(result) => result,

@@ -51,7 +51,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
 }
 
 async fn connect(shared: &Shared) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect_with(&shared.pool).await?;
+    let mut listener = PgListener::connect_with(&shared.db).await?;
     listener.listen(CHANNEL).await?;
     Ok(listener)
 }

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::context::Inner;
 use crate::error::Error;
@@ -53,8 +54,16 @@ pub struct Runtime {
     poll_interval: Duration,
     shutdown_grace: Duration,
     rescue_interval: Duration,
+    retain_failed: Option<Duration>,
     only: Option<Vec<String>>,
 }
+
+/// How many connections of its own a runtime opens for its statements (the listener,
+/// the claimer, the completer, and one or two for renewals, rescues, failures and the
+/// prune), with the same settings as the application's pool. Handlers use the
+/// application's pool; the runtime's statements never wait behind them for a
+/// connection.
+pub const RUNTIME_CONNECTIONS: u32 = 5;
 
 impl Runtime {
     /// A runtime over `pool` with the defaults: concurrency 10, poll every second,
@@ -66,6 +75,7 @@ impl Runtime {
             poll_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
             rescue_interval: Duration::from_secs(1),
+            retain_failed: None,
             only: None,
         }
     }
@@ -94,6 +104,14 @@ impl Runtime {
     /// How often this runtime looks for expired claims to take back (default 1s).
     pub fn rescue_interval(mut self, d: Duration) -> Self {
         self.rescue_interval = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Deletes `failed` rows of this runtime's kinds once they have been failed for this
+    /// long (by default they are kept until an operator retries or discards them). The
+    /// prune works in bounded batches, in a task of its own.
+    pub fn retain_failed(mut self, d: Duration) -> Self {
+        self.retain_failed = Some(d);
         self
     }
 
@@ -126,6 +144,10 @@ impl Runtime {
     }
 
     /// [`run_until`](Self::run_until), returning how the runs ended.
+    ///
+    /// Dropping the returned future stops the runtime too: no handler starts after the
+    /// drop, running handlers are cancelled, and their jobs handed back (by a task left
+    /// to finish on the tokio runtime, when there is one).
     pub(crate) async fn run_counting<F>(self, shutdown: F) -> Result<RunCounts, Error>
     where
         F: Future<Output = ()> + Send,
@@ -136,58 +158,93 @@ impl Runtime {
             .map(|h| format!("{} ({})", h.kind, h.name))
             .collect();
         tracing::info!(kinds = %summary.join(", "), concurrency = self.concurrency, "jobs runtime starting");
+        let pool_size = self.pool.options().get_max_connections();
+        if (pool_size as usize) < self.concurrency {
+            tracing::warn!(
+                pool_size,
+                concurrency = self.concurrency,
+                "the pool has fewer connections than the runtime runs handlers at once: handlers that use the database will wait for one another (the runtime's own statements do not: it opens {RUNTIME_CONNECTIONS} connections of its own)"
+            );
+        }
+        // The runtime's own connections: same settings (and connect hooks) as the
+        // application's pool, so its statements never queue behind handlers.
+        let db = self
+            .pool
+            .options()
+            .clone()
+            .max_connections(RUNTIME_CONNECTIONS)
+            .min_connections(0)
+            .connect_lazy_with((*self.pool.connect_options()).clone());
 
-        let (completions, completions_rx) = mpsc::unbounded_channel();
+        let (completions, completions_rx) = mpsc::channel(self.concurrency.clamp(16, 4096) * 2);
         let wake = Arc::new(Notify::new());
         let (stop_tx, stop_rx) = watch::channel(false);
         let (hard_tx, hard_rx) = watch::channel(false);
+        let flights = Arc::new(Mutex::new(HashMap::new()));
         let shared = Arc::new(Shared {
             pool: self.pool.clone(),
+            db: db.clone(),
             handlers,
             concurrency: self.concurrency,
             poll_interval: self.poll_interval,
             running: Mutex::new(Running::default()),
             slot_freed: Notify::new(),
             wake: wake.clone(),
-            flights: Mutex::new(HashMap::new()),
+            flights: flights.clone(),
             completions,
             hard_stop: hard_rx,
             counts: observe::Counts::default(),
         });
+        let executors: producer::Executors = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
 
-        let completer = tokio::spawn(completer::run(
-            self.pool.clone(),
-            completions_rx,
-            wake.clone(),
-        ));
+        let completer = tokio::spawn(completer::run(db, completions_rx, flights, wake.clone()));
         #[allow(unused_mut)]
         let mut background = vec![
             tokio::spawn(listener::run(shared.clone())),
             tokio::spawn(heartbeat::run(shared.clone())),
             tokio::spawn(rescuer::run(shared.clone(), self.rescue_interval)),
+            tokio::spawn(rescuer::prune(shared.clone(), self.retain_failed)),
         ];
         #[cfg(feature = "metrics")]
         background.push(tokio::spawn(observe::run(shared.clone())));
-        let producer = tokio::spawn(producer::run(shared.clone(), stop_rx));
+        let mut producer = tokio::spawn(producer::run(shared.clone(), executors.clone(), stop_rx));
+        let mut guard = DropGuard {
+            stop: stop_tx,
+            hard_stop: hard_tx,
+            executors: executors.clone(),
+            background,
+            armed: true,
+        };
 
-        shutdown.await;
+        let mut failure = None;
+        tokio::select! {
+            () = shutdown => {}
+            ended = &mut producer => {
+                let why = match ended {
+                    Err(e) if e.is_panic() => format!("the claim loop panicked: {}", executor::panic_message(&*e.into_panic())),
+                    Err(e) => format!("the claim loop stopped: {e}"),
+                    Ok(()) => "the claim loop stopped".to_owned(),
+                };
+                tracing::error!(error = %why, "jobs runtime stopping: handing back the running jobs");
+                failure = Some(why);
+            }
+        }
         tracing::info!(grace = ?self.shutdown_grace, "jobs runtime stopping: no new claims");
-        let _ = stop_tx.send(true);
-        let mut executors = producer.await.unwrap_or_default();
+        let _ = guard.stop.send(true);
+        let _ = (&mut producer).await;
 
-        let drained = tokio::time::timeout(self.shutdown_grace, async {
-            while executors.join_next().await.is_some() {}
-        })
-        .await;
+        let drained = tokio::time::timeout(self.shutdown_grace, join_all(&executors)).await;
         if drained.is_err() {
+            let still_running = executors.lock().await.len();
             tracing::warn!(
-                still_running = executors.len(),
+                still_running,
                 "shutdown grace elapsed: cancelling the handlers still running and handing their jobs back"
             );
-            let _ = hard_tx.send(true);
-            while executors.join_next().await.is_some() {}
+            let _ = guard.hard_stop.send(true);
+            join_all(&executors).await;
         }
-        for task in &background {
+        guard.armed = false;
+        for task in &guard.background {
             task.abort();
         }
         // Every executor has ended, so the completer's channel closes once `shared` is
@@ -203,7 +260,10 @@ impl Runtime {
             );
         }
         tracing::info!("jobs runtime stopped");
-        Ok(counts)
+        match failure {
+            Some(why) => Err(Error::Runtime(why)),
+            None => Ok(counts),
+        }
     }
 
     fn handlers(&self) -> Result<BTreeMap<&'static str, &'static HandlerInfo>, Error> {
@@ -259,6 +319,60 @@ impl RunCounts {
     }
 }
 
+/// Waits for every executor to end.
+async fn join_all(executors: &producer::Executors) {
+    // The producer has stopped: nothing else takes the lock meanwhile. Cancelled (the
+    // grace period's timeout), this leaves the set where it is.
+    let mut set = executors.lock().await;
+    while set.join_next().await.is_some() {}
+}
+
+/// Stops a runtime whose `run_until` future is dropped before it finished: no claim
+/// after the drop, handlers cancelled and their jobs handed back.
+struct DropGuard {
+    stop: watch::Sender<bool>,
+    hard_stop: watch::Sender<bool>,
+    executors: producer::Executors,
+    background: Vec<JoinHandle<()>>,
+    armed: bool,
+}
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let _ = self.stop.send(true);
+        let _ = self.hard_stop.send(true);
+        let background = std::mem::take(&mut self.background);
+        let executors = self.executors.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                tracing::warn!(
+                    "jobs runtime dropped while running: cancelling its handlers and handing their jobs back"
+                );
+                // The executors see the hard stop and hand their jobs back; renewals
+                // and the completer go on until they have.
+                handle.spawn(async move {
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(30), join_all(&executors)).await;
+                    for task in background {
+                        task.abort();
+                    }
+                });
+            }
+            Err(_) => {
+                if let Ok(mut set) = executors.try_lock() {
+                    set.abort_all();
+                }
+                for task in background {
+                    task.abort();
+                }
+            }
+        }
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM (SIGINT only where there is no SIGTERM).
 async fn shutdown_signal() {
     #[cfg(unix)]
@@ -285,7 +399,10 @@ async fn shutdown_signal() {
 
 /// State shared by the runtime's tasks.
 pub(crate) struct Shared {
+    /// The application's pool, lent to handlers.
     pool: PgPool,
+    /// The runtime's own connections, for its statements.
+    db: PgPool,
     handlers: BTreeMap<&'static str, &'static HandlerInfo>,
     concurrency: usize,
     poll_interval: Duration,
@@ -296,8 +413,9 @@ pub(crate) struct Shared {
     wake: Arc<Notify>,
     /// Claims held under a heartbeat lease, by claim token (one job may be claimed
     /// again by this runtime while a stalled earlier claim of it still runs).
-    flights: Mutex<HashMap<uuid::Uuid, Flight>>,
-    completions: mpsc::UnboundedSender<completer::Completion>,
+    /// A claim stays here, and its lease renewed, until its outcome is written.
+    flights: Arc<Mutex<HashMap<uuid::Uuid, Flight>>>,
+    completions: mpsc::Sender<completer::Completion>,
     /// Set when the shutdown grace has elapsed: handlers are cancelled.
     hard_stop: watch::Receiver<bool>,
     /// How the runs ended.

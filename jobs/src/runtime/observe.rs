@@ -67,7 +67,7 @@ pub(super) async fn run(shared: std::sync::Arc<super::Shared>) {
         let rows: Result<Vec<(String, i64, Option<f64>)>, sqlx::Error> =
             sqlx::query_as(crate::sql::LAG_DEPTH)
                 .bind(&kinds)
-                .fetch_all(&shared.pool)
+                .fetch_all(&shared.db)
                 .await;
         match rows {
             Ok(rows) => {

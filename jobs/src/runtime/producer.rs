@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
-use sqlx::{Postgres, Transaction};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use uuid::Uuid;
@@ -22,9 +22,16 @@ const BATCH_WINDOW: Duration = Duration::from_millis(2);
 
 type ClaimRow = (i64, String, i32, i32, Uuid, String, Option<f64>);
 
-/// Claims until `stop` turns true; returns the executors still running.
-pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) -> JoinSet<()> {
-    let mut executors = JoinSet::new();
+/// The running executors. Owned by the runtime, not by the producer: if the producer
+/// panics, the runtime still lets them finish and hands their jobs back.
+pub(super) type Executors = Arc<tokio::sync::Mutex<JoinSet<()>>>;
+
+/// Claims until `stop` turns true.
+pub(super) async fn run(
+    shared: Arc<Shared>,
+    executors: Executors,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
     let mut poll = tokio::time::interval(shared.poll_interval);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -53,7 +60,7 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) ->
         if *stop.borrow() {
             break;
         }
-        while executors.try_join_next().is_some() {}
+        while executors.lock().await.try_join_next().is_some() {}
 
         if !periodic.is_empty()
             && armed_at.is_none_or(|t| t.elapsed() >= arm_every)
@@ -97,7 +104,15 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) ->
         }
         batch_window_used = false;
 
-        match claim(&shared, &mut conn, total_free, &per_kind, &mut executors).await {
+        match claim(
+            &shared,
+            &mut conn,
+            total_free,
+            &per_kind,
+            &mut *executors.lock().await,
+        )
+        .await
+        {
             Ok(filled) => {
                 more = filled;
                 backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
@@ -113,10 +128,11 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) ->
             }
         }
     }
-    executors
 }
 
-/// One round of claims. Returns whether any kind may have more claimable jobs.
+/// One round of claims: every kind with free capacity in one statement, whatever its
+/// lease mode, so that kinds take turns by `run_after`. Returns whether any kind may
+/// have more claimable jobs.
 async fn claim(
     shared: &Arc<Shared>,
     conn: &mut Option<PoolConnection<Postgres>>,
@@ -129,64 +145,31 @@ async fn claim(
     let mut leases = Vec::new();
     let mut asked = 0usize;
     for (info, free) in per_kind {
-        if let (Some(lease), true) = (info.config.heartbeat_lease(), *free > 0) {
+        if *free > 0 {
             kinds.push(info.kind);
             limits.push(i32::try_from(*free).unwrap_or(i32::MAX));
-            leases.push(Some(millis(lease)));
+            leases.push(millis(info.config.lease_length()));
             asked = asked.saturating_add(*free);
         }
     }
-    let mut more = false;
-    let mut free_left = total_free;
-    if !kinds.is_empty() {
-        let want = asked.min(total_free);
-        let claimer = match conn {
-            Some(c) => c,
-            None => conn.insert(shared.pool.acquire().await?),
-        };
-        let rows: Vec<ClaimRow> = sqlx::query_as(sql::CLAIM)
-            .bind(&kinds)
-            .bind(&limits)
-            .bind(&leases)
-            .bind(i32::try_from(want).unwrap_or(i32::MAX))
-            .fetch_all(&mut **claimer)
-            .await?;
-        more |= rows.len() >= want;
-        free_left = free_left.saturating_sub(rows.len());
-        for row in rows {
-            start(shared, row, None, executors);
-        }
+    if kinds.is_empty() {
+        return Ok(false);
     }
-    // Transaction mode: each job is claimed inside its own transaction, which the
-    // executor then holds until the job's completion commits.
-    for (info, free) in per_kind {
-        if info.config.heartbeat_lease().is_some() {
-            continue;
-        }
-        let mut free = (*free).min(free_left);
-        while free > 0 {
-            let mut tx = shared.pool.begin().await?;
-            let row: Option<ClaimRow> = sqlx::query_as(sql::CLAIM)
-                .bind([info.kind])
-                .bind([1i32])
-                .bind([None::<i64>])
-                .bind(1i32)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let Some(row) = row else {
-                tx.rollback().await?;
-                break;
-            };
-            sqlx::query("SAVEPOINT jobs_handler")
-                .execute(&mut *tx)
-                .await?;
-            start(shared, row, Some(tx), executors);
-            free -= 1;
-            free_left -= 1;
-            if free == 0 {
-                more = true;
-            }
-        }
+    let want = asked.min(total_free);
+    let claimer = match conn {
+        Some(c) => c,
+        None => conn.insert(shared.db.acquire().await?),
+    };
+    let rows: Vec<ClaimRow> = sqlx::query_as(sql::CLAIM)
+        .bind(&kinds)
+        .bind(&limits)
+        .bind(&leases)
+        .bind(i32::try_from(want).unwrap_or(i32::MAX))
+        .fetch_all(&mut **claimer)
+        .await?;
+    let more = rows.len() >= want;
+    for row in rows {
+        start(shared, row, executors);
     }
     Ok(more)
 }
@@ -194,7 +177,6 @@ async fn claim(
 fn start(
     shared: &Arc<Shared>,
     (id, kind, attempts, max_attempts, token, payload, waited): ClaimRow,
-    tx: Option<Transaction<'static, Postgres>>,
     executors: &mut JoinSet<()>,
 ) {
     let Some(&handler) = shared.handlers.get(kind.as_str()) else {
@@ -212,7 +194,7 @@ fn start(
         payload,
         claimed_at: Instant::now(),
     };
-    executors.spawn(executor::execute(shared.clone(), handler, claimed, tx));
+    executors.spawn(executor::execute(shared.clone(), handler, claimed));
 }
 
 /// Makes sure each periodic kind has its one live job. Returns false on a database error.
@@ -231,7 +213,8 @@ async fn arm_periodic(shared: &Shared, periodic: &[&'static HandlerInfo]) -> boo
             .bind(payload)
             .bind(i32::try_from(info.config.max_attempts).unwrap_or(i32::MAX))
             .bind(sql::PERIODIC_KEY)
-            .execute(&shared.pool)
+            .bind(info.config.every.map(millis))
+            .execute(&shared.db)
             .await;
         match result {
             Ok(r) if r.rows_affected() > 0 => {

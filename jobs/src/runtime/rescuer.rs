@@ -1,7 +1,8 @@
-//! The rescuer: returns claims whose lease expired (their runtime died or stalled).
+//! The rescuer: returns claims whose lease expired (their runtime died or stalled). And,
+//! in a task of its own, the retention prune.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::Shared;
 use crate::sql;
@@ -9,22 +10,20 @@ use crate::sql;
 /// Rescues at most this many claims per statement.
 const BATCH: i32 = 1_000;
 
-/// How often done rows past their kind's retention are pruned.
+/// How often rows past their retention are pruned when there is no backlog of them.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// How soon the prune goes on when its last round found a full batch.
+const PRUNE_BACKLOG_EVERY: Duration = Duration::from_secs(1);
 
 pub(super) async fn run(shared: Arc<Shared>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut pruned_at: Option<Instant> = None;
     loop {
         tick.tick().await;
-        if pruned_at.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
-            pruned_at = Some(Instant::now());
-            prune(&shared).await;
-        }
         let rows: Result<Vec<(i64, String, String)>, sqlx::Error> = sqlx::query_as(sql::RESCUE)
             .bind(BATCH)
-            .fetch_all(&shared.pool)
+            .fetch_all(&shared.db)
             .await;
         match rows {
             Ok(rows) if rows.is_empty() => {}
@@ -34,22 +33,49 @@ pub(super) async fn run(shared: Arc<Shared>, every: Duration) {
                 }
                 shared.wake.notify_one();
             }
-            Err(e) => tracing::debug!(error = %e, "cannot look for expired claims"),
+            Err(e) => tracing::warn!(error = %e, "cannot look for expired claims; retrying"),
         }
     }
 }
 
-/// Deletes done rows older than their kind's `retain`, in bounded batches, for the kinds
-/// this runtime handles. Replicas pruning at once take disjoint rows (`SKIP LOCKED`).
-async fn prune(shared: &Shared) {
-    for info in shared.handlers.values() {
-        let Some(retain) = info.config.retain else {
-            continue;
-        };
-        if let Err(e) =
-            crate::admin::prune(&shared.pool, Some(info.kind), retain, i64::from(BATCH)).await
-        {
-            tracing::debug!(error = %e, job.kind = info.kind, "cannot prune done jobs");
+/// Deletes done rows older than their kind's `retain` and, with
+/// [`Runtime::retain_failed`](crate::Runtime::retain_failed), failed rows older than
+/// that, for the kinds this runtime handles. Each round deletes at most one batch per
+/// kind and state, so a large backlog is worked off a batch a second, never in one long
+/// loop. Replicas pruning at once take disjoint rows (`SKIP LOCKED`).
+pub(super) async fn prune(shared: Arc<Shared>, retain_failed: Option<Duration>) {
+    loop {
+        let mut backlog = false;
+        for info in shared.handlers.values() {
+            if let Some(retain) = info.config.retain {
+                backlog |= prune_one(&shared, info.kind, retain, false).await;
+            }
+            if let Some(retain) = retain_failed {
+                backlog |= prune_one(&shared, info.kind, retain, true).await;
+            }
+        }
+        tokio::time::sleep(if backlog {
+            PRUNE_BACKLOG_EVERY
+        } else {
+            PRUNE_EVERY
+        })
+        .await;
+    }
+}
+
+/// One bounded batch; returns whether it was full (more may be waiting).
+async fn prune_one(shared: &Shared, kind: &str, retain: Duration, failed: bool) -> bool {
+    let batch = i64::from(BATCH);
+    let result = if failed {
+        crate::admin::prune_failed_batch(&shared.db, kind, retain, batch).await
+    } else {
+        crate::admin::prune_batch(&shared.db, kind, retain, batch).await
+    };
+    match result {
+        Ok(n) => n >= batch as u64,
+        Err(e) => {
+            tracing::warn!(error = %e, job.kind = kind, failed, "cannot prune old jobs");
+            false
         }
     }
 }

@@ -1,0 +1,889 @@
+//! Guarantees under contention: interleavings built on purpose (a second connection
+//! holding a lock, a small pool, a session the server ends, overlapping batches, a
+//! dropped runtime). Each test failed against the protocol before these fixes.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::wait_until;
+use jobs::{EnqueueBatch, EnqueueOutcome, Job, JobContext, JobError, Runtime};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio::sync::Notify;
+
+/// Where handlers record each run: job, attempt, what, and when (database clock).
+async fn setup(pool: &PgPool) {
+    sqlx::query(
+        "CREATE TABLE runs (seq bigserial, job_id bigint, attempt int, note text, at timestamptz DEFAULT clock_timestamp())",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("CREATE TABLE results (job_id bigint, attempt int)")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+async fn record(ctx: &JobContext, note: &str) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO runs (job_id, attempt, note) VALUES ($1, $2, $3)")
+        .bind(ctx.id())
+        .bind(ctx.attempt() as i32)
+        .bind(note)
+        .execute(ctx.pool())
+        .await?;
+    Ok(())
+}
+
+async fn runs(pool: &PgPool, note: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM runs WHERE note = $1")
+        .bind(note)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The most runs any one job of `note` had.
+async fn most_runs_of_one_job(pool: &PgPool, note: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM runs WHERE note = $1 GROUP BY job_id) r",
+    )
+    .bind(note)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn state_of(pool: &PgPool, id: i64) -> Option<(String, i32, Option<String>)> {
+    sqlx::query_as("SELECT state, attempts, last_error FROM jobs WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+struct Running {
+    stop: Arc<Notify>,
+    task: tokio::task::JoinHandle<Result<(), jobs::Error>>,
+}
+
+impl Running {
+    fn start(runtime: Runtime) -> Running {
+        let stop = Arc::new(Notify::new());
+        let signal = stop.clone();
+        let task = tokio::spawn(runtime.run_until(async move { signal.notified().await }));
+        Running { stop, task }
+    }
+
+    async fn stop(self) {
+        self.stop.notify_one();
+        self.task
+            .await
+            .expect("runtime task")
+            .expect("runtime ends cleanly");
+    }
+}
+
+fn runtime(pool: &PgPool, kinds: &[&str]) -> Runtime {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    Runtime::new(pool.clone())
+        .kinds(kinds.iter().copied())
+        .poll_interval(Duration::from_millis(50))
+        .rescue_interval(Duration::from_millis(50))
+        .shutdown_grace(Duration::from_secs(5))
+}
+
+async fn wait_flag(what: &str, flag: &AtomicBool) {
+    wait_until(what, || async { flag.load(Ordering::SeqCst) }).await;
+}
+
+// ---------------------------------------------------------------------------------
+// 1. A completion stalled on a locked row holds up no other job, and no succeeded job
+//    runs again.
+
+static HELD_RUNNING: AtomicBool = AtomicBool::new(false);
+static HELD_RELEASE: AtomicBool = AtomicBool::new(false);
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.held", key = "key", lease = "1s")]
+struct Held {
+    key: String,
+    version: u32,
+}
+
+#[jobs::handler]
+async fn held(job: Held, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, &format!("held v{}", job.version)).await?;
+    if job.version == 1 {
+        HELD_RUNNING.store(true, Ordering::SeqCst);
+        while !HELD_RELEASE.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    Ok(())
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.other", lease = "1s")]
+struct Other {
+    n: u32,
+}
+
+#[jobs::handler]
+async fn other(_job: Other, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "other").await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn locked_row_holds_up_no_other_completion(pool: PgPool) {
+    setup(&pool).await;
+    let held_key = || "k".to_owned();
+    Held {
+        key: held_key(),
+        version: 1,
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    let rt = Running::start(runtime(&pool, &["ct.held", "ct.other"]));
+    wait_flag("the held job runs", &HELD_RUNNING).await;
+
+    // The application's transaction marks the running job for a re-run and stays open:
+    // it holds the job's row lock.
+    let mut app = pool.begin().await.unwrap();
+    let marked = Held {
+        key: held_key(),
+        version: 2,
+    }
+    .enqueue(&mut *app)
+    .await
+    .unwrap();
+    assert_eq!(marked.outcome, EnqueueOutcome::RerunMarked);
+    // The held job finishes: its completion meets the locked row.
+    HELD_RELEASE.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Unrelated jobs run and complete meanwhile, while the lock is held for four leases.
+    let mut batch = EnqueueBatch::new();
+    for n in 0..5 {
+        batch.push(&Other { n }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    wait_until("the other jobs complete", || async {
+        common::count_kind(&pool, "ct.other").await == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    app.commit().await.unwrap();
+
+    wait_until("the re-run of the held key completes", || async {
+        runs(&pool, "held v2").await == 1 && common::live(&pool).await == 0
+    })
+    .await;
+    rt.stop().await;
+    assert_eq!(runs(&pool, "other").await, 5);
+    assert_eq!(
+        most_runs_of_one_job(&pool, "other").await,
+        1,
+        "a completed job ran again"
+    );
+    assert_eq!(runs(&pool, "held v1").await, 1);
+    assert_eq!(common::count(&pool, "failed").await, 0);
+}
+
+// ---------------------------------------------------------------------------------
+// 2. The runtime's statements never wait behind handlers for a connection.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.busy", lease = "1s")]
+struct Busy {
+    n: u32,
+}
+
+#[jobs::handler]
+async fn busy(_job: Busy, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "busy").await?;
+    // Hold a connection of the application's pool for longer than a lease, then write
+    // the result through a fenced transaction (which waits for a connection too).
+    {
+        let mut conn = ctx.pool().acquire().await?;
+        sqlx::query("SELECT pg_sleep(0.3)")
+            .execute(&mut *conn)
+            .await?;
+    }
+    let mut tx = ctx.fenced_tx().await?;
+    sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
+        .bind(ctx.id())
+        .bind(ctx.attempt() as i32)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn handlers_that_exhaust_the_pool_do_not_starve_the_runtime(pool: PgPool) {
+    setup(&pool).await;
+    // A pool smaller than the concurrency, as with sqlx's defaults.
+    let small = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let mut batch = EnqueueBatch::new();
+    for n in 0..30 {
+        batch.push(&Busy { n }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let rt = Running::start(runtime(&small, &["ct.busy"]).concurrency(10));
+    wait_until("every job completes", || async {
+        common::count_kind(&pool, "ct.busy").await == 0
+    })
+    .await;
+    rt.stop().await;
+    let results: i64 = sqlx::query_scalar("SELECT count(*) FROM results")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(results, 30, "one committed result per job");
+    assert_eq!(
+        most_runs_of_one_job(&pool, "busy").await,
+        1,
+        "a lease lapsed while its handler waited for a connection"
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// 3. Transaction mode: a handler that reports a lost lease leaves a claim that expires.
+
+static LOSER_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.loser", key = "key", lease = "transaction")]
+struct Loser {
+    key: String,
+}
+
+#[jobs::handler]
+async fn loser(_job: Loser, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "loser").await?;
+    if LOSER_RUNS.fetch_add(1, Ordering::SeqCst) == 0 {
+        let mut tx = ctx.tx().await?;
+        sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
+            .bind(ctx.id())
+            .bind(ctx.attempt() as i32)
+            .execute(&mut *tx)
+            .await?;
+        return Err(JobError::lease_lost());
+    }
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn transaction_mode_lease_lost_leaves_an_expiring_claim(pool: PgPool) {
+    setup(&pool).await;
+    let id = Loser { key: "k".into() }.enqueue(&pool).await.unwrap().id;
+    let rt = Running::start(runtime(&pool, &["ct.loser"]));
+    wait_until("the first run returned", || async {
+        LOSER_RUNS.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (state, finite): (String, bool) =
+        sqlx::query_as("SELECT state, claimed_until < 'infinity' FROM jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "running");
+    assert!(finite, "the claim has a lease that can expire");
+    // A trigger meanwhile is a re-run mark, as for any running job.
+    let again = Loser { key: "k".into() }.enqueue(&pool).await.unwrap();
+    assert_eq!(again.outcome, EnqueueOutcome::RerunMarked);
+    // Let the lease run out (as the clock would), without waiting for it.
+    sqlx::query("UPDATE jobs SET claimed_until = now() - interval '1 second' WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    wait_until("the job is rescued and runs again", || async {
+        runs(&pool, "loser").await == 2 && common::live(&pool).await == 0
+    })
+    .await;
+    rt.stop().await;
+    let results: i64 = sqlx::query_scalar("SELECT count(*) FROM results")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(results, 0, "the lost run's writes were rolled back");
+    let fresh = Loser { key: "k".into() }.enqueue(&pool).await.unwrap();
+    assert_eq!(fresh.outcome, EnqueueOutcome::Inserted);
+}
+
+// ---------------------------------------------------------------------------------
+// 4. Transaction mode: a session the server ends counts its attempt, and never leaves
+//    two runs of one job going at once.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(
+    kind = "ct.dies",
+    lease = "transaction",
+    max_attempts = 2,
+    backoff = "10ms"
+)]
+struct Dies {}
+
+#[jobs::handler]
+async fn dies(_job: Dies, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "dies start").await?;
+    {
+        let mut tx = ctx.tx().await?;
+        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '100ms'")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
+            .bind(ctx.id())
+            .bind(ctx.attempt() as i32)
+            .execute(&mut *tx)
+            .await?;
+    }
+    // Idle in the transaction past its timeout: the server ends the session.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    record(&ctx, "dies end").await?;
+    let mut tx = ctx.tx().await?;
+    sqlx::query("SELECT 1").execute(&mut *tx).await?;
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn transaction_mode_session_loss_counts_the_attempt(pool: PgPool) {
+    setup(&pool).await;
+    let id = Dies {}.enqueue(&pool).await.unwrap().id;
+    let rt = Running::start(runtime(&pool, &["ct.dies"]).concurrency(2));
+    wait_until("the job fails", || async {
+        state_of(&pool, id).await.is_some_and(|s| s.0 == "failed")
+    })
+    .await;
+    rt.stop().await;
+    let (_, attempts, error) = state_of(&pool, id).await.unwrap();
+    assert_eq!(attempts, 2);
+    assert!(error.is_some());
+    assert_eq!(runs(&pool, "dies start").await, 2, "one run per attempt");
+    // No run started while another was going: each started after the previous ended.
+    let overlapping: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM runs s JOIN runs e ON e.note = 'dies end' AND e.attempt = s.attempt - 1
+         WHERE s.note = 'dies start' AND s.at < e.at",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(overlapping, 0);
+    let results: i64 = sqlx::query_scalar("SELECT count(*) FROM results")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(results, 0, "no write of a lost session committed");
+}
+
+// ---------------------------------------------------------------------------------
+// 5. Transaction mode: an enqueue of the running job's key does not wait for it.
+
+static STEP_WRITING: AtomicBool = AtomicBool::new(false);
+static STEP_GO: AtomicBool = AtomicBool::new(false);
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.step", key = "key", lease = "transaction")]
+struct Step {
+    key: String,
+    version: u32,
+}
+
+#[jobs::handler]
+async fn step(job: Step, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, &format!("step v{}", job.version)).await?;
+    let mut tx = ctx.tx().await?;
+    sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
+        .bind(ctx.id())
+        .bind(job.version as i32)
+        .execute(&mut *tx)
+        .await?;
+    if job.version == 1 {
+        STEP_WRITING.store(true, Ordering::SeqCst);
+        while !STEP_GO.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn transaction_mode_never_blocks_an_enqueue_of_its_key(pool: PgPool) {
+    setup(&pool).await;
+    Step {
+        key: "k".into(),
+        version: 1,
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap();
+    let rt = Running::start(runtime(&pool, &["ct.step"]));
+    wait_flag("the handler is writing", &STEP_WRITING).await;
+    // The handler goes on only after this enqueue returns: if the enqueue waited for
+    // the handler, this would never finish.
+    let enqueued = tokio::time::timeout(
+        Duration::from_secs(30),
+        Step {
+            key: "k".into(),
+            version: 2,
+        }
+        .enqueue(&pool),
+    )
+    .await
+    .expect("the enqueue waited for the running handler")
+    .unwrap();
+    assert_eq!(enqueued.outcome, EnqueueOutcome::RerunMarked);
+    STEP_GO.store(true, Ordering::SeqCst);
+    wait_until("both versions ran", || async {
+        runs(&pool, "step v2").await == 1 && common::live(&pool).await == 0
+    })
+    .await;
+    rt.stop().await;
+    let results: Vec<i32> = sqlx::query_scalar("SELECT attempt FROM results ORDER BY attempt")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(results, [1, 2], "each run's writes committed once");
+}
+
+// ---------------------------------------------------------------------------------
+// 6. Claims are fair across lease modes: by run_after, whatever the mode.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.fair_tx", lease = "transaction")]
+struct FairTx {}
+
+#[jobs::handler]
+async fn fair_tx(_job: FairTx, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "fair").await
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.fair_hb")]
+struct FairHb {
+    n: u32,
+}
+
+#[jobs::handler]
+async fn fair_hb(_job: FairHb, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "fair").await?;
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn transaction_mode_kinds_take_their_turn_by_run_after(pool: PgPool) {
+    setup(&pool).await;
+    let oldest = FairTx {}.enqueue(&pool).await.unwrap().id;
+    let mut batch = EnqueueBatch::new();
+    for n in 0..300 {
+        batch.push(&FairHb { n }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let rt = Running::start(runtime(&pool, &["ct.fair_tx", "ct.fair_hb"]).concurrency(2));
+    wait_until("the transaction-mode job ran", || async {
+        state_of(&pool, oldest).await.is_none()
+    })
+    .await;
+    rt.stop().await;
+    let position: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM runs WHERE seq < (SELECT seq FROM runs WHERE job_id = $1)",
+    )
+    .bind(oldest)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        position < 4,
+        "the oldest job ran after {position} younger ones"
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// 7. A fenced transaction dropped without commit, then Ok(()), does not complete.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.dropped", backoff = "10ms")]
+struct Dropped {}
+
+#[jobs::handler]
+async fn dropped(_job: Dropped, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "dropped").await?;
+    let mut tx = ctx.fenced_tx().await?;
+    sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
+        .bind(ctx.id())
+        .bind(ctx.attempt() as i32)
+        .execute(&mut *tx)
+        .await?;
+    if ctx.attempt() == 1 {
+        drop(tx); // forgot to commit: the write is rolled back
+        return Ok(());
+    }
+    tx.commit().await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn dropped_fenced_transaction_does_not_complete_the_job(pool: PgPool) {
+    setup(&pool).await;
+    Dropped {}.enqueue(&pool).await.unwrap();
+    let rt = Running::start(runtime(&pool, &["ct.dropped"]));
+    wait_until("the job completes", || async {
+        common::count_kind(&pool, "ct.dropped").await == 0
+    })
+    .await;
+    rt.stop().await;
+    assert_eq!(
+        runs(&pool, "dropped").await,
+        2,
+        "the first run was a failure"
+    );
+    let results: Vec<i32> = sqlx::query_scalar("SELECT attempt FROM results")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(results, [2], "the completing run's write, and only it");
+}
+
+// ---------------------------------------------------------------------------------
+// 8. A failing periodic kind runs at its own period and leaves no failed rows.
+
+#[derive(Job, Serialize, Deserialize, Default)]
+#[job(kind = "ct.hourly", every = "1h", max_attempts = 1)]
+struct Hourly {}
+
+#[jobs::handler]
+async fn hourly(_job: Hourly, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "hourly").await?;
+    Err(JobError::retry("the hourly job always fails"))
+}
+
+#[derive(Job, Serialize, Deserialize, Default)]
+#[job(kind = "ct.every_second", every = "1s")]
+struct EverySecond {}
+
+#[jobs::handler]
+async fn every_second(_job: EverySecond, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "every second").await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn failing_periodic_kind_waits_its_own_period(pool: PgPool) {
+    setup(&pool).await;
+    let rt = Running::start(runtime(&pool, &["ct.hourly", "ct.every_second"]));
+    wait_until("the fast kind ran four times", || async {
+        runs(&pool, "every second").await >= 4
+    })
+    .await;
+    rt.stop().await;
+    assert_eq!(runs(&pool, "hourly").await, 1, "one run per hour");
+    let rows: Vec<(String, Option<String>, bool)> = sqlx::query_as(
+        "SELECT state, last_error, run_after > now() + interval '50 minutes' FROM jobs WHERE kind = 'ct.hourly'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 1, "no failed rows pile up: {rows:?}");
+    let (state, error, next_in_an_hour) = &rows[0];
+    assert_eq!(state, "pending");
+    assert_eq!(error.as_deref(), Some("the hourly job always fails"));
+    assert!(next_in_an_hour, "the next run is one period later");
+}
+
+// ---------------------------------------------------------------------------------
+// 9. A trigger that coalesces into a pending job gives it a fresh attempt budget.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.budget", key = "key", max_attempts = 20)]
+struct Budget {
+    key: String,
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn coalescing_gives_a_fresh_attempt_budget(pool: PgPool) {
+    let id = Budget { key: "k".into() }.enqueue(&pool).await.unwrap().id;
+    // As if 19 attempts had failed and the 20th waits out its backoff.
+    sqlx::query(
+        "UPDATE jobs SET attempts = 19, last_error = 'boom', run_after = now() + interval '1 hour' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let again = Budget { key: "k".into() }.enqueue(&pool).await.unwrap();
+    assert_eq!(again.id, id);
+    assert_eq!(again.outcome, EnqueueOutcome::Coalesced);
+    let (attempts, due): (i32, bool) =
+        sqlx::query_as("SELECT attempts, run_after <= now() FROM jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts, 0, "the new trigger gets all 20 attempts");
+    assert!(due, "the newest trigger's run-after wins");
+
+    // The same through a batch.
+    sqlx::query("UPDATE jobs SET attempts = 19 WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    jobs::enqueue_all(&pool, &[Budget { key: "k".into() }])
+        .await
+        .unwrap();
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 0);
+}
+
+// ---------------------------------------------------------------------------------
+// 10. Batches of overlapping keys in opposite orders never deadlock.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.keyed", key = "key")]
+struct Keyed {
+    key: String,
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn overlapping_batches_never_deadlock(pool: PgPool) {
+    for round in 0..30 {
+        let keys: Vec<String> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|k| format!("{round}-{k}"))
+            .collect();
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let mut tasks = Vec::new();
+        for reversed in [false, true] {
+            let pool = pool.clone();
+            let barrier = barrier.clone();
+            let mut keys = keys.clone();
+            if reversed {
+                keys.reverse();
+            }
+            tasks.push(tokio::spawn(async move {
+                let jobs: Vec<Keyed> = keys.into_iter().map(|key| Keyed { key }).collect();
+                let mut tx = pool.begin().await?;
+                barrier.wait().await;
+                jobs::enqueue_all(&mut *tx, &jobs).await?;
+                // Hold the locks a moment, as an application's transaction does.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                tx.commit().await?;
+                Ok::<_, jobs::Error>(())
+            }));
+        }
+        for task in tasks {
+            task.await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+    }
+    assert_eq!(common::live(&pool).await, 120);
+}
+
+// ---------------------------------------------------------------------------------
+// 11. The claim locks only the rows it takes.
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn claim_locks_only_what_it_takes(pool: PgPool) {
+    let kinds: Vec<String> = (0..10).map(|k| format!("ct.lock{k}")).collect();
+    for kind in &kinds {
+        sqlx::query(
+            "INSERT INTO jobs (kind, payload, max_attempts) SELECT $1, '{}', 3 FROM generate_series(1, 20)",
+        )
+        .bind(kind)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let mut claimer = pool.begin().await.unwrap();
+    let rows = sqlx::query(jobs::__private::CLAIM_SQL)
+        .bind(&kinds)
+        .bind(vec![10i32; 10])
+        .bind(vec![30_000i64; 10])
+        .bind(10i32)
+        .fetch_all(&mut *claimer)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 10);
+    // From another session: every row the claim holds is skipped.
+    let lockable: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT id FROM jobs FOR UPDATE SKIP LOCKED) free",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(200 - lockable, 10, "rows locked by a claim of 10");
+    claimer.rollback().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------
+// 12. A backlog of rows to prune does not hold up the rescue of expired claims.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.kept", retain = "1h")]
+struct Kept {}
+
+#[jobs::handler]
+async fn kept(_job: Kept, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "kept").await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn pruning_a_backlog_does_not_hold_up_rescues(pool: PgPool) {
+    setup(&pool).await;
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, state, finished_at)
+         SELECT 'ct.kept', '{}', 3, 'done', now() - interval '2 hours' FROM generate_series(1, 30000)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // A claim whose runtime died.
+    let expired: i64 = sqlx::query_scalar(
+        "INSERT INTO jobs (kind, payload, max_attempts, state, attempts, claimed_by, claimed_until)
+         VALUES ('ct.kept', '{}', 3, 'running', 1, gen_random_uuid(), now() - interval '1 second')
+         RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let rt = Running::start(runtime(&pool, &["ct.kept"]));
+    wait_until("the expired claim is rescued and runs", || async {
+        runs(&pool, "kept").await == 1
+    })
+    .await;
+    let done_left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobs WHERE state = 'done' AND finished_at < now() - interval '1 hour'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    rt.stop().await;
+    assert!(
+        done_left >= 20_000,
+        "the rescue waited for the prune: {done_left} of 30,000 old rows were left when job {expired} ran"
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// 13. Dropping the runtime's future stops it and hands its jobs back.
+
+static DROP_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.drop")]
+struct DropMe {
+    n: u32,
+}
+
+#[jobs::handler]
+async fn drop_me(_job: DropMe, ctx: JobContext) -> Result<(), JobError> {
+    DROP_RUNS.fetch_add(1, Ordering::SeqCst);
+    record(&ctx, "drop").await?;
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn dropping_the_runtime_stops_it_and_hands_back(pool: PgPool) {
+    setup(&pool).await;
+    let mut batch = EnqueueBatch::new();
+    for n in 0..5 {
+        batch.push(&DropMe { n }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let task = tokio::spawn(
+        runtime(&pool, &["ct.drop"])
+            .concurrency(2)
+            .run_until(std::future::pending()),
+    );
+    wait_until("two handlers run", || async {
+        DROP_RUNS.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    task.abort(); // drops the run_until future
+    let _ = task.await;
+    wait_until("the running jobs are handed back", || async {
+        common::count(&pool, "running").await == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        DROP_RUNS.load(Ordering::SeqCst),
+        2,
+        "a handler started after the runtime was dropped"
+    );
+    let attempts: Vec<i32> = sqlx::query_scalar("SELECT attempts FROM jobs ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, [0; 5], "handed back without spending an attempt");
+}
+
+// ---------------------------------------------------------------------------------
+// 14. Durations the database cannot add to its clock are a clear error; failed rows
+//     can be pruned.
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_delay_past_the_database_clock_is_a_clear_error(pool: PgPool) {
+    let err = Keyed { key: "k".into() }
+        .enqueue_in(&pool, Duration::MAX)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, jobs::Error::InvalidInput(_)), "{err}");
+    assert!(err.to_string().contains("1,000 years"), "{err}");
+    assert_eq!(common::live(&pool).await, 0, "nothing written");
+    let far = Keyed { key: "k".into() }
+        .enqueue_in(&pool, Duration::from_secs(900 * 365 * 24 * 3600))
+        .await
+        .unwrap();
+    assert!(far.inserted());
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.failing", max_attempts = 1)]
+struct Failing {}
+
+#[jobs::handler]
+async fn failing(_job: Failing, _ctx: JobContext) -> Result<(), JobError> {
+    Err(JobError::permanent("no"))
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn failed_rows_are_pruned_after_their_retention(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, state, finished_at)
+         SELECT 'ct.failing', '{}', 1, 'failed', now() - interval '2 hours' FROM generate_series(1, 10)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let recent = Failing {}.enqueue(&pool).await.unwrap().id;
+    let rt =
+        Running::start(runtime(&pool, &["ct.failing"]).retain_failed(Duration::from_secs(3600)));
+    wait_until("old failed rows pruned, the new one kept", || async {
+        common::count(&pool, "failed").await == 1
+            && state_of(&pool, recent)
+                .await
+                .is_some_and(|s| s.0 == "failed")
+    })
+    .await;
+    rt.stop().await;
+}
