@@ -18,7 +18,7 @@ pub use error::Error;
 pub use job::{Job, JobConfig, KeyPart, Lease};
 pub use jobs_macros::{Job, handler};
 pub use migrate::{MIGRATIONS_TABLE, MIGRATOR, migrate};
-pub use runtime::{RunCounts, Runtime, run};
+pub use runtime::{RUNTIME_CONNECTIONS, RunCounts, Runtime, run};
 
 /// Not public API: used by the code that `#[derive(Job)]` and `#[jobs::handler]`
 /// generate. May change in any release.
