@@ -81,8 +81,28 @@ pub fn human(d: Duration) -> String {
     }
 }
 
-/// At most `max` characters of the first line of `text`, with `…` when cut.
+/// `text` with every control character but the line feed written as an escape
+/// (`\u{1b}`), so that a key, kind or error from the table cannot drive the terminal.
+fn clean(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// How much of a payload `show` prints; `--json` prints all of it.
+const PAYLOAD_SHOWN: usize = 4096;
+
+/// At most `max` characters of the first line of `text`, with `…` when cut; control
+/// characters escaped.
 fn cut(text: &str, max: usize) -> String {
+    let text = clean(text);
+    let text = text.as_str();
     let line = text.lines().next().unwrap_or("");
     let multiline = line.len() < text.trim_end().len();
     if line.chars().count() > max {
@@ -104,7 +124,7 @@ pub fn jobs_table(rows: &[JobRow]) -> String {
         .map(|job| {
             vec![
                 job.id.to_string(),
-                job.kind.clone(),
+                cut(&job.kind, 40),
                 job.key
                     .as_deref()
                     .map_or_else(|| "-".to_owned(), |k| cut(k, 24)),
@@ -156,8 +176,11 @@ pub fn job_detail(job: &JobRow) -> String {
     let mut out = String::new();
     let fields = [
         ("id", job.id.to_string()),
-        ("kind", job.kind.clone()),
-        ("key", job.key.clone().unwrap_or_else(|| "-".to_owned())),
+        ("kind", clean(&job.kind)),
+        (
+            "key",
+            job.key.as_deref().map_or_else(|| "-".to_owned(), clean),
+        ),
         ("state", job.state.to_string()),
         ("attempts", format!("{}/{}", job.attempts, job.max_attempts)),
         ("run after", time(&job.run_after)),
@@ -172,15 +195,27 @@ pub fn job_detail(job: &JobRow) -> String {
         None => out.push_str("last error    -\n"),
         Some(e) => {
             out.push_str("last error\n");
-            for line in e.lines() {
+            for line in clean(e).lines() {
                 let _ = writeln!(out, "  {line}");
             }
         }
     }
     out.push_str("payload\n");
+    // serde_json escapes control characters inside strings.
     let pretty = serde_json::to_string_pretty(&job.payload).unwrap_or_default();
-    for line in pretty.lines() {
+    let shown = match pretty.char_indices().nth(PAYLOAD_SHOWN) {
+        Some((at, _)) => &pretty[..at],
+        None => &pretty,
+    };
+    for line in shown.lines() {
         let _ = writeln!(out, "  {line}");
+    }
+    if shown.len() < pretty.len() {
+        let _ = writeln!(
+            out,
+            "  … {} more bytes (show --json prints the whole payload)",
+            pretty.len() - shown.len()
+        );
     }
     out
 }
@@ -189,7 +224,7 @@ pub fn job_detail(job: &JobRow) -> String {
 pub fn stats_table(stats: &[KindStats]) -> String {
     use Align::{Left, Right};
     let row = |kind: &str, s: [u64; 5], lag: Option<Duration>| {
-        let mut cells = vec![kind.to_owned()];
+        let mut cells = vec![clean(kind)];
         cells.extend(s.iter().map(u64::to_string));
         cells.push(lag.map_or_else(|| "-".to_owned(), human));
         cells
@@ -267,6 +302,13 @@ mod tests {
         assert_eq!(human(Duration::from_secs(3 * 86_400 + 4 * 3600)), "3d04h");
         assert_eq!(human(Duration::from_secs(300)), "5m");
         assert_eq!(human(Duration::from_secs(7 * 86_400)), "7d");
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(clean("a\u{1b}[2Jb\tc"), "a\\u{1b}[2Jb\\tc");
+        assert_eq!(cut("key\u{7}", 24), "key\\u{7}");
+        assert_eq!(clean("two\nlines"), "two\nlines");
     }
 
     #[test]
