@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Checks the protocol model (model/jobs.pml) with SPIN, exhaustively.
+#
+# The model itself must verify: the safety runs (assertions P1, P3-P6, invalid end
+# states) and the liveness runs (LTL p2 under weak fairness) find no error. Each
+# mutation (one defect of the old protocol put back) must make SPIN find an error.
+# Prints one line per run and a last line `model: N passed, M failed`; exits 1 when a
+# run did not behave as expected.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+model="$here/jobs.pml"
+
+if ! command -v spin >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq spin
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cp "$model" "$work/jobs.pml"
+cd "$work"
+
+depth=1000000
+passed=0
+failed=0
+
+# run NAME KIND EXPECT MODEL_FLAGS...
+#   KIND: safety (assertions and end states), bfs (the same, breadth first, for the
+#   shortest trail), live (the LTL claim p2 with weak fairness)
+#   EXPECT: ok (no error, search complete) or error (SPIN must find one)
+run() {
+    local name=$1 kind=$2 expect=$3
+    shift 3
+    local dir="$work/$name"
+    mkdir -p "$dir"
+    cp "$work/jobs.pml" "$dir/"
+    local status=0
+    (
+        cd "$dir"
+        case $kind in
+            safety) spin "$@" -a jobs.pml >spin.out 2>&1 && gcc -O2 -w -DSAFETY -o pan pan.c ;;
+            bfs)    spin "$@" -a jobs.pml >spin.out 2>&1 && gcc -O2 -w -DSAFETY -DBFS -o pan pan.c ;;
+            live)   spin -DLIVE "$@" -a jobs.pml >spin.out 2>&1 && gcc -O2 -w -DNFAIR=4 -o pan pan.c ;;
+        esac
+    ) || status=$?
+    if [ "$status" -ne 0 ]; then
+        echo "$name: the model did not compile"
+        cat "$dir/spin.out" || true
+        failed=$((failed + 1))
+        return
+    fi
+    local start end
+    start=$(date +%s.%N)
+    if [ "$kind" = live ]; then
+        (cd "$dir" && ./pan -a -f -N p2 -m"$depth" >pan.out 2>&1) || true
+    else
+        (cd "$dir" && ./pan -m"$depth" >pan.out 2>&1) || true
+    fi
+    end=$(date +%s.%N)
+    local out="$dir/pan.out"
+    local errors states trail secs
+    errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' "$out" | head -1)
+    states=$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' "$out" | head -1)
+    trail=$(sed -n 's/^pan:1: \(.*\) (at depth \([0-9]*\)).*/\2 (\1)/p' "$out" | head -1)
+    secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')
+    local incomplete=""
+    if grep -q "max search depth too small" "$out"; then incomplete="depth limit reached"; fi
+    if [ -z "$errors" ]; then
+        echo "$name: pan gave no result"
+        cat "$out"
+        failed=$((failed + 1))
+        return
+    fi
+    local line="$name: $states states stored, $errors errors, ${secs}s"
+    if [ -n "$trail" ]; then line="$line, trail $trail"; fi
+    if [ "$expect" = ok ]; then
+        if [ "$errors" = 0 ] && [ -z "$incomplete" ]; then
+            echo "$line: ok"
+            passed=$((passed + 1))
+        else
+            echo "$line ${incomplete}: FAILED (the model must verify)"
+            failed=$((failed + 1))
+        fi
+    else
+        if [ "$errors" != 0 ]; then
+            echo "$line: ok (the defect is found)"
+            passed=$((passed + 1))
+        else
+            echo "$line: FAILED (the mutation went unnoticed)"
+            failed=$((failed + 1))
+        fi
+    fi
+}
+
+# The model: heartbeat mode (fenced transactions) and transaction mode.
+run safety-heartbeat      safety ok
+run safety-transaction    safety ok -DTXMODE
+run p2-heartbeat          live   ok
+run p2-transaction        live   ok -DTXMODE
+run p5-poison-heartbeat   live   ok -DPOISON
+run p5-poison-transaction live   ok -DPOISON -DTXMODE
+run safety-3-triggers-hb  safety ok -DNT=3
+run safety-3-triggers-tx  safety ok -DNT=3 -DTXMODE
+run batch-ordered         safety ok -DBATCH
+
+# The mutations: each must be caught.
+run mut-flight-dropped         bfs  error -DMUT_FLIGHT_DROPPED
+run mut-tx-claim-in-tx         bfs  error -DMUT_TX_CLAIM_IN_TX
+run mut-tx-lease-lost-commits  bfs  error -DMUT_TX_LEASE_LOST_COMMITS -DMAXFAULT=0
+run mut-fence-drop-completes   live error -DMUT_FENCE_DROP_COMPLETES
+run mut-coalesce-keeps-attempts bfs error -DMUT_COALESCE_KEEPS_ATTEMPTS
+run mut-batch-unordered        bfs  error -DBATCH -DMUT_BATCH_UNORDERED
+
+echo "model: $passed passed, $failed failed"
+if [ "$failed" -ne 0 ]; then
+    exit 1
+fi

@@ -1,0 +1,609 @@
+/*
+ * jobs.pml: the job-claim protocol of the `jobs` crate, for SPIN.
+ *
+ * One kind, one key, two runtimes, one application, one operator, a clock and a
+ * fault injector. Every SQL statement is one atomic step, named after the constant of
+ * jobs/src/sql.rs or jobs/src/admin.rs that it stands for, with that statement's
+ * guards. model/README.md says what is proved, under which bounds, and how to run it.
+ *
+ * The lists below are read by tests/model.rs, which compares them with the
+ * statements the crate declares (`jobs::__private::statements()`): a statement added
+ * to the code must be added to one of these lists.
+ */
+
+/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD */
+/* statements read-only, not modelled: LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
+/* statements writing outside the modelled rows, not modelled: ARM_PERIODIC PRUNE_BATCH */
+
+/*
+ * Switches.
+ *   TXMODE      transaction lease mode (default: heartbeat mode with fenced transactions)
+ *   LIVE        compile the LTL property p2 (no lost trigger), for `pan -a -f`
+ *   POISON      the handler never succeeds: p2 then reads "the last trigger ends failed"
+ *   BATCH       the two-key batch configuration (ENQUEUE_MANY lock order) instead
+ *   MAXFAULT    crashes plus session cuts (default 2)
+ *   NT          triggers the application sends (default 2)
+ * Mutations, each one defect of the old protocol put back:
+ *   MUT_FLIGHT_DROPPED  MUT_TX_CLAIM_IN_TX  MUT_TX_LEASE_LOST_COMMITS
+ *   MUT_FENCE_DROP_COMPLETES  MUT_COALESCE_KEEPS_ATTEMPTS  MUT_BATCH_UNORDERED
+ */
+
+#ifdef BATCH
+
+/* ------------------------------------------------------------------------------------
+ * Batch configuration: two application transactions enqueue the keys [a, b] and
+ * [b, a] with one ENQUEUE_MANY each. The statement locks the live rows (or the unique
+ * index entries) of its keys one after another and holds them until its transaction
+ * ends; here each lock is one step. PostgreSQL's deadlock detector is not modelled: a
+ * deadlock shows as two processes blocked forever (an invalid end state).
+ * ---------------------------------------------------------------------------------- */
+
+byte klock[2];          /* 0: free, else the transaction holding the key's row lock */
+
+proctype Batch(byte me; byte first; byte second)
+{
+    byte k1, k2;
+#ifdef MUT_BATCH_UNORDERED
+    k1 = first; k2 = second;            /* input order */
+#else
+    if                                  /* one global (kind, key) order */
+    :: first < second -> k1 = first; k2 = second
+    :: else -> k1 = second; k2 = first
+    fi;
+#endif
+    /* ENQUEUE_MANY: the row locks, one at a time, inside the one statement */
+    atomic { klock[k1] == 0 -> klock[k1] = me };
+    atomic { klock[k2] == 0 -> klock[k2] = me };
+    /* COMMIT */
+    d_step { klock[k1] = 0; klock[k2] = 0 }
+}
+
+init {
+    atomic { run Batch(1, 0, 1); run Batch(2, 1, 0) }
+}
+
+#else /* !BATCH: the main model */
+
+#if defined(MUT_TX_CLAIM_IN_TX) || defined(MUT_TX_LEASE_LOST_COMMITS)
+#define OLDTX           /* the old transaction mode: the claim inside the handler's transaction */
+#ifndef TXMODE
+#define TXMODE
+#endif
+#endif
+
+#ifndef MAXATT
+#define MAXATT 2        /* max_attempts */
+#endif
+#ifndef MAXFAULT
+#define MAXFAULT 2      /* crashes and session cuts, in all */
+#endif
+#ifndef MAXSNOOZE
+#define MAXSNOOZE 1     /* snoozes (RELEASE), in all */
+#endif
+#define LEASE 2         /* lease, in clock ticks */
+#define INF 3           /* claimed_until = 'infinity' */
+#define NR 2            /* row slots */
+#ifndef NT
+#define NT 2            /* triggers the application sends (at most 7) */
+#endif
+#define APP 3           /* lock owner: the application's transaction */
+
+/* row states; FREE is a slot with no row, INS a row inserted by a transaction that
+   has not committed (invisible to everyone else) */
+#define FREE    0
+#define INS     1
+#define PENDING 2
+#define RUNNING 3
+#define FAILED  4
+
+/* times are kept relative to now(): ls = claimed_until - now() (0: expired, INF:
+   infinity), ra = run_after - now() (0: due, 1: one tick ahead), rd likewise for
+   rerun_after */
+typedef Row {
+    byte st;
+    byte att;           /* attempts */
+    byte gen;           /* payload: the number of the trigger it comes from */
+    bit ra;             /* run_after > now() */
+    bit rr;             /* rerun_after IS NOT NULL */
+    bit rd;             /* rerun_after > now() */
+    byte tok;           /* claimed_by: the runtime (1, 2) whose claim it is */
+    byte ls;            /* claimed_until, relative */
+    byte lock;          /* row lock held by a transaction: 0, runtime 1/2, APP */
+    byte gc;            /* ghost: claims since the trigger's attempt budget was given */
+};
+Row row[NR];
+
+/* a runtime's claim slot (its producer, handler, completer and heartbeat share it) */
+#define IDLE   0
+#define RUN    1        /* the handler runs */
+#define FENCED 2        /* the fenced (or transaction-mode) transaction holds the row lock */
+#define WAITC  3        /* the handler returned Ok; the completion waits in the completer */
+#define FAILW  4        /* a failed attempt waits to be written (FAIL) */
+#define ORPHAN 5        /* old transaction mode: the session died, the handler runs on */
+byte ph[2];             /* phase */
+byte sr[2];             /* the claimed row */
+byte sg[2];             /* the payload (trigger number) the run saw */
+bit pr[2];              /* its success is promised (Ok, waiting for the completer) */
+bit dr[2];              /* its fenced transaction was dropped */
+
+/* ghost state for the properties, as bit sets over trigger numbers 1..NT */
+byte written;           /* result writes committed (fenced or transaction mode) */
+byte fate;              /* triggers served (writes committed or completed), failed or cancelled */
+byte failedg;           /* triggers whose job ended failed */
+byte ok;                /* triggers whose run succeeded: must not be claimed again */
+byte last;              /* the last trigger committed by the application */
+bit appdone;
+byte faults;
+byte snoozes;
+
+#define BIT(g)          (1 << (g))
+#define current(r, i)   (row[i].tok == (r) + 1 && row[i].ls > 0)
+#define live(i)         (row[i].st == PENDING || row[i].st == RUNNING)
+#define claimable(i)    (row[i].st == PENDING && row[i].ra == 0 && row[i].lock == 0)
+#define rescuable(i)    (row[i].st == RUNNING && row[i].ls == 0 && row[i].lock == 0)
+
+/* the phases in which the heartbeat renews the claim: from the claim until its
+   outcome is written */
+#ifdef MUT_FLIGHT_DROPPED
+#define renewing(r)     (ph[r] == RUN || ph[r] == FENCED)
+#else
+#define renewing(r)     (ph[r] == RUN || ph[r] == FENCED || ph[r] == WAITC || ph[r] == FAILW)
+#endif
+
+inline clear_row(i) {
+    row[i].st = FREE; row[i].att = 0; row[i].gen = 0; row[i].ra = 0; row[i].rr = 0; row[i].rd = 0;
+    row[i].tok = 0; row[i].ls = 0; row[i].lock = 0; row[i].gc = 0
+}
+/* pending again for the trigger that marked the row while it ran: run_after =
+   rerun_after (never before now), fresh attempts */
+inline rerun(i) {
+    row[i].st = PENDING; row[i].ra = row[i].rd; row[i].rr = 0; row[i].rd = 0;
+    row[i].tok = 0; row[i].ls = 0; fresh(i)
+}
+inline clear_slot(r) {
+    ph[r] = IDLE; sr[r] = 0; sg[r] = 0; pr[r] = 0; dr[r] = 0
+}
+/* a fresh attempt budget for a trigger */
+inline fresh(i) {
+    row[i].att = 0; row[i].gc = 0
+}
+inline to_failed(i, perm) {
+    /* every trigger gets max_attempts claims before it fails, unless it fails for good */
+    assert(perm || row[i].gc >= MAXATT);
+    row[i].st = FAILED; fate = fate | BIT(row[i].gen); failedg = failedg | BIT(row[i].gen);
+    row[i].att = 0; row[i].gc = 0; row[i].ra = 0; row[i].rr = 0; row[i].rd = 0;
+    row[i].tok = 0; row[i].ls = 0
+}
+
+/* ---------------------------------- statements ---------------------------------- */
+
+/* CLAIM: a pending, due row not locked by another transaction (SKIP LOCKED) becomes
+   running under a fresh token, its attempt counted; committed at once */
+inline CLAIM(r, i) {
+    assert(row[i].gc < MAXATT);                 /* P5: at most max_attempts claims */
+    assert((ok & BIT(row[i].gen)) == 0);        /* P6: a succeeded run is not run again */
+    row[i].st = RUNNING; row[i].att++; row[i].gc++; row[i].tok = r + 1;
+#ifdef OLDTX
+    row[i].ls = INF; row[i].lock = r + 1;       /* the row lock is the lease */
+#else
+    row[i].ls = LEASE;
+#endif
+    ph[r] = RUN; sr[r] = i; sg[r] = row[i].gen
+}
+
+/* RENEW: a held claim whose row nobody else has locked (SKIP LOCKED) */
+inline RENEW(i) {
+    row[i].ls = LEASE
+}
+
+/* COMPLETE_DELETE: a current claim with no re-run mark: the row goes */
+inline COMPLETE_DELETE(i) {
+    assert(row[i].rr == 0);
+    clear_row(i)
+}
+
+/* COMPLETE_KEEP: a current claim marked for a re-run: pending at rerun_after, fresh
+   attempts (the modelled kind keeps no history: no `done` rows) */
+inline COMPLETE_KEEP(i) {
+    assert(row[i].rr == 1);
+    rerun(i)
+}
+
+inline complete(i) {
+    if
+    :: row[i].rr -> COMPLETE_KEEP(i)
+    :: else -> COMPLETE_DELETE(i)
+    fi
+}
+
+/* FAIL: a current claim's failed attempt (perm: a permanent error) */
+inline FAIL(i, perm) {
+    if
+    :: row[i].rr -> rerun(i)
+    :: else ->
+        if
+        :: perm -> to_failed(i, 1)
+        :: else ->
+            if
+            :: row[i].att >= MAXATT -> to_failed(i, 0)
+            :: else -> row[i].st = PENDING; row[i].ra = 1; row[i].tok = 0; row[i].ls = 0
+            fi
+        fi
+    fi
+}
+
+/* RELEASE: snooze; the attempt is given back; run_after = least(rerun_after, now()+delay) */
+inline RELEASE(i) {
+    row[i].st = PENDING; row[i].att--; row[i].gc--;
+    if
+    :: row[i].rr -> row[i].ra = row[i].rd
+    :: else -> row[i].ra = 1
+    fi;
+    row[i].rr = 0; row[i].rd = 0; row[i].tok = 0; row[i].ls = 0
+}
+
+/* RESCUE: an expired claim, re-checked on the locked version */
+inline RESCUE(i) {
+    if
+    :: row[i].rr -> rerun(i)
+    :: else ->
+        if
+        :: row[i].att < MAXATT ->
+            row[i].st = PENDING; row[i].ra = 0; row[i].tok = 0; row[i].ls = 0
+        :: else -> to_failed(i, 0)
+        fi
+    fi
+}
+
+/* FENCE: lock the claim row while the claim is current (the caller waits for the lock) */
+inline FENCE(r, i) {
+    row[i].lock = r + 1
+}
+
+/* the fenced (or transaction-mode) transaction commits: the handler's result writes
+   and the completion, all or nothing */
+inline commit_results(r) {
+    assert((written & BIT(sg[r])) == 0);        /* P1: one commit of results per trigger */
+    written = written | BIT(sg[r]); fate = fate | BIT(sg[r]); ok = ok | BIT(sg[r])
+}
+
+/* a failed attempt is written: FAIL, fenced; a lost claim writes nothing */
+inline write_fail(r, perm) {
+    if
+    :: current(r, sr[r]) -> FAIL(sr[r], perm)
+    :: else -> skip
+    fi;
+    clear_slot(r)
+}
+
+/* ------------------------------------ actors ------------------------------------ */
+
+/* a runtime's producer, handler and completer, over its one claim slot */
+proctype Worker(byte r)
+{
+end:
+    do
+    /* producer */
+    :: d_step { ph[r] == IDLE && claimable(0) -> CLAIM(r, 0) }
+    :: d_step { ph[r] == IDLE && claimable(1) -> CLAIM(r, 1) }
+
+#ifdef OLDTX
+#ifndef POISON
+    /* the handler returns Ok: COMPLETE_* in the claim's transaction, then COMMIT */
+    :: d_step { ph[r] == RUN ->
+            commit_results(r); row[sr[r]].lock = 0; complete(sr[r]); clear_slot(r) }
+#endif
+    /* the handler fails: the claim's transaction rolls back, FAIL counts the attempt */
+    :: d_step { ph[r] == RUN -> row[sr[r]].lock = 0; write_fail(r, 0) }
+#ifdef MUT_TX_LEASE_LOST_COMMITS
+    /* the handler returns lease-lost: the claim's transaction commits as it stands */
+    :: d_step { ph[r] == RUN -> row[sr[r]].lock = 0; clear_slot(r) }
+#endif
+    /* the handler of a dead session finishes; nothing of it can commit */
+    :: d_step { ph[r] == ORPHAN -> clear_slot(r) }
+
+#else /* !OLDTX */
+
+#ifndef TXMODE
+#ifndef POISON
+    /* the handler returns Ok without result writes: the completion is queued */
+    :: d_step { ph[r] == RUN ->
+            if
+            :: current(r, sr[r]) -> ok = ok | BIT(sg[r]); pr[r] = 1
+            :: else -> skip
+            fi;
+            ph[r] = WAITC }
+#endif
+    /* the handler opens its fenced transaction: FENCE waits for the row lock */
+    :: d_step { ph[r] == RUN && row[sr[r]].lock == 0 ->
+            if
+            :: current(r, sr[r]) -> FENCE(r, sr[r]); ph[r] = FENCED
+            :: else -> clear_slot(r)            /* lease lost: nothing to write */
+            fi }
+#ifndef POISON
+    /* the fenced transaction commits: results, COMPLETE_* in it, COMMIT */
+    :: d_step { ph[r] == FENCED ->
+            if
+            :: current(r, sr[r]) -> commit_results(r); row[sr[r]].lock = 0; complete(sr[r])
+            :: else -> row[sr[r]].lock = 0      /* lapsed: rolls back, the claim is gone */
+            fi;
+            clear_slot(r) }
+#endif
+    /* the fenced transaction is dropped without commit: its writes roll back */
+    :: d_step { ph[r] == FENCED ->
+            row[sr[r]].lock = 0;
+#ifdef MUT_FENCE_DROP_COMPLETES
+            dr[r] = 1; ph[r] = WAITC            /* the handler returns Ok anyway */
+#else
+            ph[r] = FAILW                       /* a failed attempt */
+#endif
+        }
+    /* the completer: COMPLETE_DELETE / COMPLETE_KEEP, SKIP LOCKED (a locked row is
+       tried again next round, and stays renewed meanwhile) */
+    :: d_step { ph[r] == WAITC && row[sr[r]].lock == 0 ->
+            if
+            :: current(r, sr[r]) ->
+                if
+                :: dr[r] == 0 -> fate = fate | BIT(sg[r])
+                :: else -> skip
+                fi;
+                complete(sr[r])
+            :: else -> skip
+            fi;
+            clear_slot(r) }
+    /* the handler snoozes: RELEASE, which waits for the row lock */
+    :: d_step { ph[r] == RUN && snoozes < MAXSNOOZE && row[sr[r]].lock == 0 ->
+            snoozes++;
+            if
+            :: current(r, sr[r]) -> RELEASE(sr[r])
+            :: else -> skip
+            fi;
+            clear_slot(r) }
+
+#else /* TXMODE */
+
+#ifndef POISON
+    /* the handler returns Ok: its transaction (opened lazily, no row lock while the
+       handler worked) runs FENCE, which waits for the row lock */
+    :: d_step { ph[r] == RUN && row[sr[r]].lock == 0 ->
+            if
+            :: current(r, sr[r]) -> FENCE(r, sr[r]); ph[r] = FENCED
+            :: else -> clear_slot(r)            /* the claim is gone: roll back */
+            fi }
+    /* ... then COMPLETE_* and COMMIT */
+    :: d_step { ph[r] == FENCED ->
+            if
+            :: current(r, sr[r]) -> commit_results(r); row[sr[r]].lock = 0; complete(sr[r])
+            :: else -> row[sr[r]].lock = 0
+            fi;
+            clear_slot(r) }
+#endif
+#endif /* TXMODE */
+
+    /* the handler fails (or returns lease-lost), or fails for good: its transaction,
+       if any, rolls back and FAIL is written, waiting for the row lock */
+    :: d_step { ph[r] == RUN && row[sr[r]].lock == 0 -> write_fail(r, 0) }
+    :: d_step { ph[r] == RUN && row[sr[r]].lock == 0 -> write_fail(r, 1) }
+    :: d_step { ph[r] == FAILW && row[sr[r]].lock == 0 -> write_fail(r, 0) }
+#endif /* !OLDTX */
+    od
+}
+
+/* a runtime's heartbeat: RENEW, skipping a row locked by another transaction */
+proctype Heartbeat(byte r)
+{
+end:
+    do
+    :: d_step { renewing(r) && row[sr[r]].tok == r + 1 && row[sr[r]].ls > 0 &&
+                row[sr[r]].ls < LEASE && row[sr[r]].lock == 0 -> RENEW(sr[r]) }
+    od
+}
+
+/* the runtimes' rescuers (stateless: one process stands for both) */
+active proctype Rescuer()
+{
+end:
+    do
+    :: d_step { rescuable(0) -> RESCUE(0) }
+    :: d_step { rescuable(1) -> RESCUE(1) }
+    od
+}
+
+/* the application: triggers 1..NT of the one key, each in a transaction that may stay
+   open holding the row lock, then commits or rolls back */
+active proctype App()
+{
+    byte g = 1;
+    byte i;
+    bit d;              /* the trigger's delay: run_after = now() + d */
+    do
+    :: g > NT -> break
+    :: else ->
+        /* ENQUEUE_ONE: waits for the live row's lock, or inserts a row (the unique
+           index entry stands for the key until commit) */
+        atomic {
+            if
+            :: live(0) && row[0].lock == 0 -> i = 0; row[0].lock = APP
+            :: live(1) && row[1].lock == 0 -> i = 1; row[1].lock = APP
+            :: !live(0) && !live(1) && row[0].st == FREE -> i = 0; row[0].st = INS; row[0].lock = APP
+            :: !live(0) && !live(1) && row[0].st != FREE && row[1].st == FREE ->
+                i = 1; row[1].st = INS; row[1].lock = APP
+            fi;
+            if
+            :: d = 0
+            :: d = 1
+            fi
+        };
+        /* COMMIT: the statement's changes become visible (nobody changed the locked
+           row meanwhile), or ROLLBACK */
+        if
+        :: d_step {
+            if
+            :: row[i].st == INS -> row[i].st = PENDING; row[i].ra = d; fresh(i)
+            :: row[i].st == PENDING ->
+                row[i].ra = d; row[i].gc = 0;
+#ifndef MUT_COALESCE_KEEPS_ATTEMPTS
+                row[i].att = 0
+#else
+                skip
+#endif
+            :: row[i].st == RUNNING -> row[i].rr = 1; row[i].rd = d
+            :: else -> assert(false)
+            fi;
+            row[i].gen = g; row[i].lock = 0; last = g; g++ }
+        :: d_step {
+            if
+            :: row[i].st == INS -> clear_row(i)
+            :: else -> row[i].lock = 0
+            fi;
+            g++ }
+        fi;
+        i = 0; d = 0
+    od;
+    appdone = 1
+}
+
+/* the operator: retry a failed job, cancel a pending one, discard a failed one (once
+   each) */
+active proctype Operator()
+{
+    bit retried, cancelled, discarded;
+end:
+    do
+    /* RETRY: failed -> pending with fresh attempts, if the key has no live row (it
+       waits for an uncommitted insert of the key, and then finds it live) */
+    :: d_step { !retried && row[0].st == FAILED && !live(1) && row[1].st != INS ->
+            row[0].st = PENDING; row[0].ra = 0; fresh(0); retried = 1 }
+    :: d_step { !retried && row[1].st == FAILED && !live(0) && row[0].st != INS ->
+            row[1].st = PENDING; row[1].ra = 0; fresh(1); retried = 1 }
+#ifndef POISON
+    /* CANCEL: delete a pending row (waits for its lock) */
+    :: d_step { !cancelled && row[0].st == PENDING && row[0].lock == 0 ->
+            fate = fate | BIT(row[0].gen); clear_row(0); cancelled = 1 }
+    :: d_step { !cancelled && row[1].st == PENDING && row[1].lock == 0 ->
+            fate = fate | BIT(row[1].gen); clear_row(1); cancelled = 1 }
+#endif
+    /* DISCARD: delete a failed row */
+    :: d_step { !discarded && row[0].st == FAILED -> clear_row(0); discarded = 1 }
+    :: d_step { !discarded && row[1].st == FAILED -> clear_row(1); discarded = 1 }
+    od
+}
+
+/* a runtime crashes: its local state is lost, its open transaction rolls back */
+inline crash(r) {
+    if
+    :: row[sr[r]].lock == r + 1 ->
+        row[sr[r]].lock = 0;
+#ifdef OLDTX
+        /* the claim rolls back with its transaction, attempt included */
+        row[sr[r]].st = PENDING; row[sr[r]].att--; row[sr[r]].tok = 0; row[sr[r]].ls = 0
+#else
+        skip
+#endif
+    :: else -> skip
+    fi;
+    if
+    :: pr[r] -> ok = ok & ~BIT(sg[r])            /* its success was never written */
+    :: else -> skip
+    fi;
+    clear_slot(r)
+}
+
+/* a session is cut: its open transaction rolls back; the runtime lives on */
+#ifdef OLDTX
+#define has_tx(r)   (ph[r] == RUN)
+#elif defined(TXMODE)
+#define has_tx(r)   (ph[r] == RUN || ph[r] == FENCED)
+#else
+#define has_tx(r)   (ph[r] == FENCED)
+#endif
+inline cut(r) {
+#ifdef OLDTX
+    /* the claim rolls back: claimable at once while the handler runs on */
+    row[sr[r]].lock = 0; row[sr[r]].st = PENDING; row[sr[r]].att--;
+    row[sr[r]].tok = 0; row[sr[r]].ls = 0; ph[r] = ORPHAN
+#else
+    if
+    :: row[sr[r]].lock == r + 1 -> row[sr[r]].lock = 0
+    :: else -> skip
+    fi;
+    ph[r] = FAILW                               /* the handler sees an error */
+#endif
+}
+
+active proctype Fault()
+{
+end:
+    do
+    :: d_step { faults < MAXFAULT && ph[0] != IDLE -> faults++; crash(0) }
+    :: d_step { faults < MAXFAULT && ph[1] != IDLE -> faults++; crash(1) }
+    :: d_step { faults < MAXFAULT && has_tx(0) -> faults++; cut(0) }
+    :: d_step { faults < MAXFAULT && has_tx(1) -> faults++; cut(1) }
+    od
+}
+
+/* the clock: one tick of now(), whenever something depends on time. Timing
+   assumption: the heartbeat renews well within a lease, the completer writes a
+   completion well within a lease when nothing holds the row, and an application
+   transaction that holds a job's row lock ends within a lease; so a tick never lapses
+   a claim that its runtime renews unless a transaction of the claim itself (fenced or
+   transaction mode) holds the row, nor a completion that nothing holds up. Any other
+   lease can expire between any two steps. */
+#define timed(i)    ((row[i].st == RUNNING && row[i].ls > 0 && row[i].ls != INF) || \
+                     (row[i].st == RUNNING && row[i].rd == 1) || \
+                     (row[i].st == PENDING && row[i].ra == 1))
+#define due(r)      (row[sr[r]].tok == (r) + 1 && row[sr[r]].ls == 1 && \
+                     ((renewing(r) && (row[sr[r]].lock == 0 || row[sr[r]].lock == APP)) || \
+                      (ph[r] == WAITC && row[sr[r]].lock == 0)))
+inline tick(i) {
+    if
+    :: row[i].st == RUNNING ->
+        if
+        :: row[i].ls > 0 && row[i].ls != INF -> row[i].ls--
+        :: else -> skip
+        fi;
+        row[i].rd = 0
+    :: row[i].st == PENDING -> row[i].ra = 0
+    :: else -> skip
+    fi
+}
+active proctype Clock()
+{
+end:
+    do
+    :: d_step { (timed(0) || timed(1)) && !due(0) && !due(1) -> tick(0); tick(1) }
+    od
+}
+
+/* P3: at most one live row per (kind, key); P4: no row stays running with no claim
+   able to finish it and no lease able to expire */
+#define held(i)     ((row[i].tok == 1 && ph[0] != IDLE && ph[0] != ORPHAN && sr[0] == i) || \
+                     (row[i].tok == 2 && ph[1] != IDLE && ph[1] != ORPHAN && sr[1] == i))
+#define p3          (!(live(0) && live(1)))
+#define p4          (!(row[0].st == RUNNING && row[0].ls == INF && !held(0)) && \
+                     !(row[1].st == RUNNING && row[1].ls == INF && !held(1)))
+active proctype Monitor()
+{
+end:
+    atomic { !(p3 && p4) -> assert(false) }
+}
+
+init {
+    atomic {
+        run Worker(0); run Worker(1); run Heartbeat(0); run Heartbeat(1)
+    }
+}
+
+#ifdef LIVE
+/* P2: after the application's last trigger, a run that saw it commits its results or
+   completes (or the job ends failed, or the operator cancelled it). Under POISON, P5:
+   the last trigger's job ends failed. */
+#ifdef POISON
+#define settled     (appdone && (last == 0 || (failedg & BIT(last)) != 0))
+#else
+#define settled     (appdone && (last == 0 || (fate & BIT(last)) != 0))
+#endif
+ltl p2 { <> settled }
+#endif
+
+#endif /* !BATCH */
