@@ -59,9 +59,9 @@ run() {
     end=$(date +%s.%N)
     local out="$dir/pan.out"
     local errors states trail secs
-    errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' "$out" | head -1)
-    states=$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' "$out" | head -1)
-    trail=$(sed -n 's/^pan:1: \(.*\) (at depth \([0-9]*\)).*/\2 (\1)/p' "$out" | head -1)
+    errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' "$out" | head -1 || true)
+    states=$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' "$out" | head -1 || true)
+    trail=$(sed -n 's/^pan:1: \(.*\) (at depth \([0-9]*\)).*/\2 (\1)/p' "$out" | head -1 || true)
     secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')
     local incomplete=""
     if grep -q "max search depth too small" "$out"; then incomplete="depth limit reached"; fi

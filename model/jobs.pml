@@ -428,6 +428,9 @@ active proctype App()
             :: !live(0) && !live(1) && row[0].st == FREE -> i = 0; row[0].st = INS; row[0].lock = APP
             :: !live(0) && !live(1) && row[0].st != FREE && row[1].st == FREE ->
                 i = 1; row[1].st = INS; row[1].lock = APP
+            :: !live(0) && !live(1) && row[0].st == FAILED && row[1].st == FAILED ->
+                /* a bound of the model (two slots): the older failed row is forgotten */
+                i = 0; clear_row(0); row[0].st = INS; row[0].lock = APP
             fi;
             if
             :: d = 0
@@ -486,6 +489,8 @@ end:
     /* DISCARD: delete a failed row */
     :: d_step { !discarded && row[0].st == FAILED -> clear_row(0); discarded = 1 }
     :: d_step { !discarded && row[1].st == FAILED -> clear_row(1); discarded = 1 }
+    /* or stops: weak fairness must not force an operator's action */
+    :: break
     od
 }
 
@@ -539,6 +544,8 @@ end:
     :: d_step { faults < MAXFAULT && ph[1] != IDLE -> faults++; crash(1) }
     :: d_step { faults < MAXFAULT && has_tx(0) -> faults++; cut(0) }
     :: d_step { faults < MAXFAULT && has_tx(1) -> faults++; cut(1) }
+    /* or stops: weak fairness must not force a fault */
+    :: break
     od
 }
 
