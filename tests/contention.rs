@@ -663,38 +663,56 @@ struct Keyed {
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn overlapping_batches_never_deadlock(pool: PgPool) {
-    for round in 0..30 {
-        let keys: Vec<String> = ["a", "b", "c", "d"]
-            .iter()
-            .map(|k| format!("{round}-{k}"))
-            .collect();
-        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    // Batches [a, x, b] and [b, x, a] while a third transaction holds x: each batch
+    // takes its first key, then waits for x; when x is free, each needs the other's
+    // first key. Locked in input order, that is a deadlock every time.
+    for round in 0..3 {
+        let key = |k: &str| format!("{round}-{k}");
+        jobs::enqueue_all(
+            &pool,
+            &[
+                Keyed { key: key("a") },
+                Keyed { key: key("x") },
+                Keyed { key: key("b") },
+            ],
+        )
+        .await
+        .unwrap();
+        let mut holder = pool.begin().await.unwrap();
+        sqlx::query("SELECT id FROM jobs WHERE key = $1 FOR UPDATE")
+            .bind(key("x"))
+            .execute(&mut *holder)
+            .await
+            .unwrap();
         let mut tasks = Vec::new();
-        for reversed in [false, true] {
+        for order in [["a", "x", "b"], ["b", "x", "a"]] {
             let pool = pool.clone();
-            let barrier = barrier.clone();
-            let mut keys = keys.clone();
-            if reversed {
-                keys.reverse();
-            }
+            let jobs: Vec<Keyed> = order.iter().map(|k| Keyed { key: key(k) }).collect();
             tasks.push(tokio::spawn(async move {
-                let jobs: Vec<Keyed> = keys.into_iter().map(|key| Keyed { key }).collect();
                 let mut tx = pool.begin().await?;
-                barrier.wait().await;
                 jobs::enqueue_all(&mut *tx, &jobs).await?;
-                // Hold the locks a moment, as an application's transaction does.
-                tokio::time::sleep(Duration::from_millis(20)).await;
                 tx.commit().await?;
                 Ok::<_, jobs::Error>(())
             }));
         }
+        wait_until("both batches wait for a lock", || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            waiting == 2
+        })
+        .await;
+        holder.commit().await.unwrap();
         for task in tasks {
             task.await
                 .unwrap()
                 .unwrap_or_else(|e| panic!("round {round}: {e}"));
         }
     }
-    assert_eq!(common::live(&pool).await, 120);
+    assert_eq!(common::live(&pool).await, 9);
 }
 
 // ---------------------------------------------------------------------------------
@@ -886,4 +904,44 @@ async fn failed_rows_are_pruned_after_their_retention(pool: PgPool) {
     })
     .await;
     rt.stop().await;
+}
+
+// ---------------------------------------------------------------------------------
+// Renewals do not share threads with handlers: a handler that blocks its thread for
+// longer than its lease keeps its claim.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.blocking", lease = "1s")]
+struct Blocking {}
+
+#[jobs::handler]
+async fn blocking(_job: Blocking, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "blocking").await?;
+    // Blocks the thread (the test's runtime has only one) for more than two leases.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut tx = ctx.fenced_tx().await?;
+    sqlx::query("INSERT INTO results (job_id, attempt) VALUES ($1, $2)")
+        .bind(ctx.id())
+        .bind(ctx.attempt() as i32)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_blocking_handler_keeps_its_lease(pool: PgPool) {
+    setup(&pool).await;
+    Blocking {}.enqueue(&pool).await.unwrap();
+    let rt = Running::start(runtime(&pool, &["ct.blocking"]));
+    wait_until("the job completes", || async {
+        common::count_kind(&pool, "ct.blocking").await == 0
+    })
+    .await;
+    rt.stop().await;
+    assert_eq!(runs(&pool, "blocking").await, 1, "the lease lapsed");
+    let results: Vec<i32> = sqlx::query_scalar("SELECT attempt FROM results")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(results, [1]);
 }

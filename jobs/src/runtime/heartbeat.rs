@@ -1,35 +1,76 @@
 //! The heartbeat: renews the leases of running handlers, and tells a handler when its
 //! claim is lost.
+//!
+//! It runs on a thread of its own, with a single-threaded tokio runtime and a
+//! connection of its own, so that handlers which block the application's worker
+//! threads (a CPU loop, blocking I/O) cannot stop their own renewals, nor anyone
+//! else's.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection};
+use tokio::sync::watch;
 use uuid::Uuid;
 
-use super::Shared;
+use super::Flight;
+use super::backoff::Backoff;
 use crate::enqueue::millis;
 use crate::sql;
 
+/// What the heartbeat thread needs: the claims to renew and how to reach the database.
+pub(super) struct Beat {
+    pub flights: Arc<Mutex<HashMap<Uuid, Flight>>>,
+    pub connect: PgConnectOptions,
+    /// The shortest lease of the runtime's kinds: renewals come three times per lease.
+    pub shortest: Duration,
+    /// Turns true when the runtime has stopped.
+    pub stop: watch::Receiver<bool>,
+}
+
+/// Starts the heartbeat thread. It ends when `beat.stop` turns true (or its sender is
+/// dropped).
+pub(super) fn spawn(beat: Beat) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("jobs-heartbeat".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the heartbeat's runtime; leases will not be renewed");
+                    return;
+                }
+            };
+            let mut stop = beat.stop.clone();
+            runtime.block_on(async move {
+                tokio::select! {
+                    () = run(&beat) => {}
+                    _ = stop.wait_for(|s| *s) => {}
+                }
+            });
+        })
+}
+
 /// Renews every held claim in one statement, three times per (shortest) lease: from the
 /// claim until its outcome is written, in every lease mode.
-pub(super) async fn run(shared: Arc<Shared>) {
-    let shortest = shared
-        .handlers
-        .values()
-        .map(|h| h.config.lease_length())
-        .min();
-    let Some(shortest) = shortest else {
-        return; // no kinds: nothing is ever claimed
-    };
+async fn run(beat: &Beat) {
+    let shortest = beat.shortest;
     let tick = (shortest / 3).max(Duration::from_millis(20));
+    let mut conn: Option<PgConnection> = None;
+    let mut reconnect = Backoff::new(Duration::from_millis(50), tick);
+    let mut reconnect_at = Instant::now();
     loop {
         tokio::time::sleep(tick).await;
         let mut ids = Vec::new();
         let mut tokens: Vec<Uuid> = Vec::new();
         let mut leases = Vec::new();
         {
-            let flights = shared.flights.lock().expect("lock poisoned");
+            let flights = beat.flights.lock().expect("lock poisoned");
             for (token, flight) in flights.iter() {
                 // A row locked by a fenced transaction (or anyone else) is skipped by
                 // the renewal itself; it never waits for the lock.
@@ -47,11 +88,30 @@ pub(super) async fn run(shared: Arc<Shared>) {
         let sent_at = Instant::now();
         // A renewal that hangs (a silently dead connection, a table lock) counts as a
         // failed one, so that handlers hear of a lease that may be gone.
-        let renewal = sqlx::query_as(sql::RENEW)
-            .bind(&ids)
-            .bind(&tokens)
-            .bind(&leases)
-            .fetch_all(&shared.db);
+        let renewal = async {
+            if conn.is_none() {
+                if Instant::now() < reconnect_at {
+                    return Err(sqlx::Error::PoolTimedOut);
+                }
+                match beat.connect.connect().await {
+                    Ok(c) => {
+                        conn = Some(c);
+                        reconnect = Backoff::new(Duration::from_millis(50), tick);
+                    }
+                    Err(e) => {
+                        reconnect_at = Instant::now() + reconnect.next();
+                        return Err(e);
+                    }
+                }
+            }
+            let c = conn.as_mut().expect("connected above");
+            sqlx::query_as(sql::RENEW)
+                .bind(&ids)
+                .bind(&tokens)
+                .bind(&leases)
+                .fetch_all(c)
+                .await
+        };
         let result: Result<Vec<(Uuid, bool, bool)>, sqlx::Error> =
             match tokio::time::timeout(shortest / 2, renewal).await {
                 Ok(result) => result,
@@ -60,7 +120,13 @@ pub(super) async fn run(shared: Arc<Shared>) {
                     shortest / 2
                 ))),
             };
-        let flights = &mut *shared.flights.lock().expect("lock poisoned");
+        if result.is_err() {
+            // It may be broken, or mid-statement after a timeout: start afresh.
+            if let Some(c) = conn.take() {
+                let _ = tokio::time::timeout(Duration::from_millis(100), c.close()).await;
+            }
+        }
+        let flights = &mut *beat.flights.lock().expect("lock poisoned");
         match result {
             Ok(rows) => {
                 for (token, renewed, held) in rows {
@@ -75,8 +141,11 @@ pub(super) async fn run(shared: Arc<Shared>) {
                             job.id = flight.ctx.id,
                             "lease not renewed: the job's row is locked"
                         );
-                    } else if !flight.ctx.completed.load(Ordering::Acquire)
-                        && !flight.ctx.fenced.load(Ordering::Acquire)
+                    } else if !flight
+                        .ctx
+                        .completed
+                        .load(std::sync::atomic::Ordering::Acquire)
+                        && !flight.ctx.fenced.load(std::sync::atomic::Ordering::Acquire)
                     {
                         tracing::warn!(
                             job.id = flight.ctx.id,

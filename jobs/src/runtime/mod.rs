@@ -201,18 +201,44 @@ impl Runtime {
         #[allow(unused_mut)]
         let mut background = vec![
             tokio::spawn(listener::run(shared.clone())),
-            tokio::spawn(heartbeat::run(shared.clone())),
             tokio::spawn(rescuer::run(shared.clone(), self.rescue_interval)),
             tokio::spawn(rescuer::prune(shared.clone(), self.retain_failed)),
         ];
         #[cfg(feature = "metrics")]
         background.push(tokio::spawn(observe::run(shared.clone())));
+        // The heartbeat runs until `beat_stop` is dropped (with the guard, once every
+        // outcome has been written) or set.
+        let (beat_stop, beat_stop_rx) = watch::channel(false);
+        let shortest = shared
+            .handlers
+            .values()
+            .map(|h| h.config.lease_length())
+            .min()
+            .unwrap_or(crate::Lease::TRANSACTION_LEASE);
+        let beat = match heartbeat::spawn(heartbeat::Beat {
+            flights: shared.flights.clone(),
+            connect: (*self.pool.connect_options()).clone(),
+            shortest,
+            stop: beat_stop_rx,
+        }) {
+            Ok(beat) => beat,
+            Err(e) => {
+                for task in &background {
+                    task.abort();
+                }
+                return Err(Error::Runtime(format!(
+                    "cannot start the heartbeat thread: {e}"
+                )));
+            }
+        };
         let mut producer = tokio::spawn(producer::run(shared.clone(), executors.clone(), stop_rx));
         let mut guard = DropGuard {
             stop: stop_tx,
             hard_stop: hard_tx,
             executors: executors.clone(),
             background,
+            beat_stop,
+            db: shared.db.clone(),
             armed: true,
         };
 
@@ -259,6 +285,10 @@ impl Runtime {
                 "could not write every completion before shutdown; those jobs will run again after their lease"
             );
         }
+        // The runtime's connections, the heartbeat's included, are closed when it returns.
+        let _ = guard.beat_stop.send(true);
+        let _ = tokio::task::spawn_blocking(move || beat.join()).await;
+        guard.db.close().await;
         tracing::info!("jobs runtime stopped");
         match failure {
             Some(why) => Err(Error::Runtime(why)),
@@ -334,6 +364,10 @@ struct DropGuard {
     hard_stop: watch::Sender<bool>,
     executors: producer::Executors,
     background: Vec<JoinHandle<()>>,
+    /// Dropped (or set) to stop the heartbeat thread.
+    beat_stop: watch::Sender<bool>,
+    /// The runtime's own connections, closed once everything has stopped.
+    db: PgPool,
     armed: bool,
 }
 
@@ -346,6 +380,8 @@ impl Drop for DropGuard {
         let _ = self.hard_stop.send(true);
         let background = std::mem::take(&mut self.background);
         let executors = self.executors.clone();
+        let beat_stop = self.beat_stop.clone();
+        let db = self.db.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 tracing::warn!(
@@ -359,6 +395,8 @@ impl Drop for DropGuard {
                     for task in background {
                         task.abort();
                     }
+                    let _ = beat_stop.send(true);
+                    db.close().await;
                 });
             }
             Err(_) => {
@@ -368,6 +406,7 @@ impl Drop for DropGuard {
                 for task in background {
                     task.abort();
                 }
+                let _ = beat_stop.send(true);
             }
         }
     }
