@@ -11,7 +11,7 @@
  * to the code must be added to one of these lists.
  */
 
-/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD */
+/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
 /* statements read-only, not modelled: LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
 /* statements writing outside the modelled rows, not modelled: ARM_PERIODIC PRUNE_BATCH */
 
@@ -399,13 +399,18 @@ end:
     od
 }
 
-/* the runtimes' rescuers (stateless: one process stands for both) */
+/* the runtimes' rescuers and their retention of failed rows (stateless: one process
+   stands for both runtimes) */
 active proctype Rescuer()
 {
 end:
     do
     :: d_step { rescuable(0) -> RESCUE(0) }
     :: d_step { rescuable(1) -> RESCUE(1) }
+    /* PRUNE_FAILED_BATCH: a failed row past its retention (any failed row: age is not
+       modelled), SKIP LOCKED */
+    :: d_step { row[0].st == FAILED && row[0].lock == 0 -> clear_row(0) }
+    :: d_step { row[1].st == FAILED && row[1].lock == 0 -> clear_row(1) }
     od
 }
 
