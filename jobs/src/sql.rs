@@ -98,7 +98,7 @@ pub(crate) const CLAIM: &str = r#"
 WITH wanted AS (
     SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]) AS w(kind, n, lease_ms)
 ),
-top AS (
+top AS MATERIALIZED (
     SELECT c.kind
     FROM wanted w
     CROSS JOIN LATERAL (

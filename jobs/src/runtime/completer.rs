@@ -204,6 +204,13 @@ pub(crate) async fn run(
                     }
                     break;
                 }
+                Err(sqlx::Error::PoolClosed) => {
+                    tracing::warn!(
+                        jobs = batch.len(),
+                        "the runtime stopped before these completions were written; their jobs will run again after their lease"
+                    );
+                    return;
+                }
                 Err(e) => {
                     conn = None; // it may be broken: take a fresh one
                     let wait = backoff.next();

@@ -24,6 +24,8 @@ use crate::sql;
 pub(super) struct Beat {
     pub flights: Arc<Mutex<HashMap<Uuid, Flight>>>,
     pub connect: PgConnectOptions,
+    /// The application pool's `search_path`, where its connect hooks set one.
+    pub search_path: Option<String>,
     /// The shortest lease of the runtime's kinds: renewals come three times per lease.
     pub shortest: Duration,
     /// Turns true when the runtime has stopped.
@@ -54,6 +56,18 @@ pub(super) fn spawn(beat: Beat) -> std::io::Result<std::thread::JoinHandle<()>> 
                 }
             });
         })
+}
+
+/// A connection for the renewals, with the application pool's `search_path`.
+async fn connect(beat: &Beat) -> Result<PgConnection, sqlx::Error> {
+    let mut conn = beat.connect.connect().await?;
+    if let Some(path) = &beat.search_path {
+        sqlx::query("SELECT set_config('search_path', $1, false)")
+            .bind(path)
+            .execute(&mut conn)
+            .await?;
+    }
+    Ok(conn)
 }
 
 /// Renews every held claim in one statement, three times per (shortest) lease: from the
@@ -93,7 +107,7 @@ async fn run(beat: &Beat) {
                 if Instant::now() < reconnect_at {
                     return Err(sqlx::Error::PoolTimedOut);
                 }
-                match beat.connect.connect().await {
+                match connect(beat).await {
                     Ok(c) => {
                         conn = Some(c);
                         reconnect = Backoff::new(Duration::from_millis(50), tick);

@@ -197,7 +197,7 @@ impl Runtime {
         });
         let executors: producer::Executors = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
 
-        let completer = tokio::spawn(completer::run(db, completions_rx, flights, wake.clone()));
+        let mut completer = tokio::spawn(completer::run(db, completions_rx, flights, wake.clone()));
         #[allow(unused_mut)]
         let mut background = vec![
             tokio::spawn(listener::run(shared.clone())),
@@ -215,9 +215,19 @@ impl Runtime {
             .map(|h| h.config.lease_length())
             .min()
             .unwrap_or(crate::Lease::TRANSACTION_LEASE);
+        // The heartbeat's connection is made from the pool's connect options, without
+        // the pool's connect hooks: carry over a search_path that a hook may have set.
+        let search_path: Option<String> = tokio::time::timeout(
+            Duration::from_secs(5),
+            sqlx::query_scalar("SELECT current_setting('search_path')").fetch_one(&shared.db),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok);
         let beat = match heartbeat::spawn(heartbeat::Beat {
             flights: shared.flights.clone(),
             connect: (*self.pool.connect_options()).clone(),
+            search_path,
             shortest,
             stop: beat_stop_rx,
         }) {
@@ -257,7 +267,9 @@ impl Runtime {
         }
         tracing::info!(grace = ?self.shutdown_grace, "jobs runtime stopping: no new claims");
         let _ = guard.stop.send(true);
-        let _ = (&mut producer).await;
+        if failure.is_none() {
+            let _ = (&mut producer).await;
+        }
 
         let drained = tokio::time::timeout(self.shutdown_grace, join_all(&executors)).await;
         if drained.is_err() {
@@ -277,7 +289,7 @@ impl Runtime {
         // gone; give it the grace period to write what is queued.
         let counts = RunCounts::of(&shared.counts);
         drop(shared);
-        if tokio::time::timeout(self.shutdown_grace, completer)
+        if tokio::time::timeout(self.shutdown_grace, &mut completer)
             .await
             .is_err()
         {
@@ -288,7 +300,13 @@ impl Runtime {
         // The runtime's connections, the heartbeat's included, are closed when it returns.
         let _ = guard.beat_stop.send(true);
         let _ = tokio::task::spawn_blocking(move || beat.join()).await;
-        guard.db.close().await;
+        completer.abort(); // if it is still retrying: its jobs run again after their lease
+        if tokio::time::timeout(Duration::from_secs(5), guard.db.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the runtime's connections did not close within 5s");
+        }
         tracing::info!("jobs runtime stopped");
         match failure {
             Some(why) => Err(Error::Runtime(why)),
