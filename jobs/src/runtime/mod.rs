@@ -58,12 +58,12 @@ pub struct Runtime {
     only: Option<Vec<String>>,
 }
 
-/// How many connections of its own a runtime opens for its statements (the listener,
-/// the claimer, the completer, and one or two for renewals, rescues, failures and the
-/// prune), with the same settings as the application's pool. Handlers use the
-/// application's pool; the runtime's statements never wait behind them for a
-/// connection.
-pub const RUNTIME_CONNECTIONS: u32 = 5;
+/// How many connections of its own a runtime opens at most, with the same settings as
+/// the application's pool: the heartbeat's (on a thread of its own), and a pool of the
+/// rest for the listener, the claimer, the completer, and rescues, failures and the
+/// retention prune. Handlers use the application's pool; the runtime's statements never
+/// wait behind them for a connection.
+pub const RUNTIME_CONNECTIONS: u32 = 6;
 
 impl Runtime {
     /// A runtime over `pool` with the defaults: concurrency 10, poll every second,
@@ -172,7 +172,7 @@ impl Runtime {
             .pool
             .options()
             .clone()
-            .max_connections(RUNTIME_CONNECTIONS)
+            .max_connections(RUNTIME_CONNECTIONS - 1) // the heartbeat has its own
             .min_connections(0)
             .connect_lazy_with((*self.pool.connect_options()).clone());
 
