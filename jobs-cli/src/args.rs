@@ -5,9 +5,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use jobs::admin::JobState;
 
-/// Inspect and operate the background jobs of a `jobs` database.
+/// Inspect and operate the background jobs of a pgjobs database.
 #[derive(Debug, Parser)]
-#[command(name = "jobs", version, about)]
+#[command(name = "jobsctl", version, about)]
 pub struct Cli {
     /// The database, as a PostgreSQL URL.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]

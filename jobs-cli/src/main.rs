@@ -280,7 +280,7 @@ fn lines(values: impl IntoIterator<Item = serde_json::Value>) -> String {
     values.into_iter().map(|v| format!("{v}\n")).collect()
 }
 
-/// Writes to stdout; a reader that went away (`jobs list | head`) ends the command
+/// Writes to stdout; a reader that went away (`jobsctl list | head`) ends the command
 /// quietly.
 fn print(text: &str) {
     let mut out = std::io::stdout().lock();

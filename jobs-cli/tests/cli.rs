@@ -17,16 +17,16 @@ fn url_of(pool: &PgPool) -> String {
     format!("{head}{authority}/{db}{query}")
 }
 
-/// Runs `jobs args...` against `url`, off the async runtime.
+/// Runs `jobsctl args...` against `url`, off the async runtime.
 async fn jobs(url: &str, args: &[&str]) -> Output {
     let url = url.to_owned();
     let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
     tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_jobs"))
+        std::process::Command::new(env!("CARGO_BIN_EXE_jobsctl"))
             .args(&args)
             .env("DATABASE_URL", url)
             .output()
-            .expect("run the jobs binary")
+            .expect("run the jobsctl binary")
     })
     .await
     .unwrap()
@@ -251,7 +251,7 @@ async fn usage_errors_exit_2(pool: PgPool) {
 
 #[test]
 fn no_database_url_is_a_usage_error() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobs"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobsctl"))
         .arg("stats")
         .env_remove("DATABASE_URL")
         .output()
