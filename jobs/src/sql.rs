@@ -390,11 +390,11 @@ SELECT w.kind,
 FROM unnest($1::text[]) AS w(kind)
 "#;
 
-/// The payloads of the live jobs of kind `$1`, oldest first (`jobs::testing`).
+/// The ids and payloads of the live jobs of kind `$1`, oldest first (`jobs::testing`).
 ///
 /// Index: `jobs_claim` and `jobs_running` (`jobs_live_key` holds only keyed rows).
 pub(crate) const LIVE_PAYLOADS: &str = r#"
-SELECT payload::text FROM jobs
+SELECT id, payload::text FROM jobs
 WHERE kind = $1 AND state IN ('pending', 'running')
 ORDER BY id
 "#;
