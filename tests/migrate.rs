@@ -64,3 +64,85 @@ async fn concurrent_migrations_do_not_race(pool: PgPool) {
         .unwrap();
     assert_eq!(applied, 1);
 }
+
+// ---------------------------------------------------------------------------------
+// A missing or mismatched job table is a clear error that says what to run.
+
+use jobs::{Job, JobContext, JobError};
+use serde::{Deserialize, Serialize};
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "migrate.probe")]
+struct Probe {}
+
+#[jobs::handler]
+async fn probe(_job: Probe, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
+#[sqlx::test(migrations = false)]
+async fn enqueue_without_the_job_table_says_what_to_run(pool: PgPool) {
+    let err = Probe {}.enqueue(&pool).await.unwrap_err();
+    assert!(matches!(err, jobs::Error::Schema(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(text.starts_with("the job table does not exist"), "{text}");
+    assert!(text.contains("jobs::migrate(&pool)"), "{text}");
+    assert!(text.contains("jobsctl migrate"), "{text}");
+    assert!(!text.contains("at line"), "{text}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn runtime_without_the_job_table_stops_naming_the_database(pool: PgPool) {
+    let database = pool.connect_options().get_database().unwrap().to_owned();
+    let err = jobs::Runtime::new(pool)
+        .kinds(["migrate.probe"])
+        .run_until(std::future::pending())
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "the job table does not exist in database `{database}`"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("jobsctl migrate"), "{text}");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn runtime_on_a_newer_job_table_says_to_upgrade(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO _jobs_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9999, 'from the future', true, '\\x00', 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let err = jobs::Runtime::new(pool)
+        .kinds(["migrate.probe"])
+        .run_until(std::future::pending())
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("at migration 9999, newer than this library knows"),
+        "{text}"
+    );
+}
+
+#[test]
+fn database_errors_do_not_carry_postgres_source_lines() {
+    // A database error's text is PostgreSQL's message, without the " at line N" of
+    // PostgreSQL's own source file that sqlx's Display appends.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let url = std::env::var("DATABASE_URL").unwrap();
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        let e = sqlx::query("SELECT 1/0").execute(&pool).await.unwrap_err();
+        let err = jobs::Error::from(e);
+        assert_eq!(err.to_string(), "database error: division by zero");
+    });
+}

@@ -268,7 +268,7 @@ async fn permanent_snooze_panic_and_timeout(pool: PgPool) {
 
     let (state, attempts, err) = job_row(&pool, permanent).await;
     assert_eq!((state.as_str(), attempts), ("failed", 1));
-    assert_eq!(err.as_deref(), Some("not worth retrying"));
+    assert_eq!(err.as_deref(), Some("permanent: not worth retrying"));
 
     let (state, attempts, _) = job_row(&pool, snooze).await;
     assert_eq!(state, "done");

@@ -92,6 +92,12 @@ async fn connect(url: &str, timeout: Duration) -> Result<PgConnection, Failure> 
         Some(secret) if !secret.is_empty() => text.replace(secret, "***"),
         _ => text,
     };
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    if let Some(scheme) = scheme.filter(|s| !matches!(*s, "postgres" | "postgresql")) {
+        return Err(Failure::Connect(format!(
+            "cannot connect to the database: the URL's scheme is `{scheme}://`; a PostgreSQL URL starts with postgres:// or postgresql://"
+        )));
+    }
     let options = PgConnectOptions::from_str(url).map_err(|e| {
         Failure::Connect(redact(format!(
             "cannot connect to the database: the URL is not a valid PostgreSQL URL ({e})"
@@ -117,6 +123,24 @@ async fn connect(url: &str, timeout: Duration) -> Result<PgConnection, Failure> 
     }
 }
 
+/// The versions of the job table's migrations already applied (none if there is no
+/// history yet).
+async fn applied_migrations(conn: &mut PgConnection) -> Result<Vec<i64>, Failure> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_jobs_migrations') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(jobs::Error::from)?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    Ok(
+        sqlx::query_scalar("SELECT version FROM _jobs_migrations WHERE success")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(jobs::Error::from)?,
+    )
+}
+
 /// The password in a URL's user info (`scheme://user:password@host/...`), as written.
 fn password(url: &str) -> Option<&str> {
     let rest = &url[url.find("://")? + 3..];
@@ -128,11 +152,22 @@ fn password(url: &str) -> Option<&str> {
 async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failure> {
     match command {
         Command::Migrate => {
+            let before = applied_migrations(conn).await?;
             jobs::MIGRATOR
                 .run(&mut *conn)
                 .await
                 .map_err(jobs::Error::from)?;
-            print("migrations applied\n");
+            let mut applied = Vec::new();
+            for m in jobs::MIGRATOR.iter() {
+                if !before.contains(&m.version) {
+                    applied.push(format!("{} ({})", m.version, m.description));
+                }
+            }
+            if applied.is_empty() {
+                print("nothing to apply: the job table is up to date\n");
+            } else {
+                print(&format!("applied migration {}\n", applied.join(", ")));
+            }
         }
         Command::Stats { json } => {
             let stats = admin::stats(&mut *conn).await?;

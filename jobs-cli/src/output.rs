@@ -116,6 +116,43 @@ fn cut(text: &str, max: usize) -> String {
     }
 }
 
+/// What kind of failure a job's last error records, from the prefix the runtime writes
+/// (`permanent: `, `timed out after`, `handler panicked: `, `lease expired: `) and, for
+/// a plain error, whether the attempts ran out.
+pub fn failure_kind(job: &JobRow) -> Option<&'static str> {
+    let error = job.last_error.as_deref()?;
+    Some(if error.starts_with("permanent: ") {
+        if error.contains("does not deserialize") {
+            "permanent (the payload does not deserialize)"
+        } else {
+            "permanent"
+        }
+    } else if error.starts_with("timed out after") {
+        "timeout"
+    } else if error.starts_with("handler panicked") {
+        "panic"
+    } else if error.starts_with("lease expired") {
+        "lease expired (its worker died or stalled)"
+    } else if job.state == jobs::admin::JobState::Failed && job.attempts >= job.max_attempts {
+        "out of attempts"
+    } else {
+        "error"
+    })
+}
+
+/// A failed job's last error as the listing shows it: what kind of failure, then the
+/// message (the runtime's own prefixes are not repeated).
+fn listed_error(job: &JobRow) -> String {
+    let Some(error) = job.last_error.as_deref() else {
+        return "-".to_owned();
+    };
+    let text = match failure_kind(job) {
+        Some("out of attempts") => format!("out of attempts: {error}"),
+        _ => error.to_owned(),
+    };
+    cut(&text, 60)
+}
+
 /// The jobs of a listing as a table.
 pub fn jobs_table(rows: &[JobRow]) -> String {
     use Align::{Left, Right};
@@ -132,9 +169,7 @@ pub fn jobs_table(rows: &[JobRow]) -> String {
                 format!("{}/{}", job.attempts, job.max_attempts),
                 time(&job.run_after),
                 time_opt(job.finished_at.as_ref()),
-                job.last_error
-                    .as_deref()
-                    .map_or_else(|| "-".to_owned(), |e| cut(e, 60)),
+                listed_error(job),
             ]
         })
         .collect();
@@ -164,6 +199,7 @@ pub fn job_json(job: &JobRow) -> Value {
         "max_attempts": job.max_attempts,
         "run_after": time(&job.run_after),
         "last_error": job.last_error,
+        "failure": failure_kind(job),
         "payload": job.payload,
         "created_at": time(&job.created_at),
         "finished_at": job.finished_at.as_ref().map(time),
@@ -194,6 +230,9 @@ pub fn job_detail(job: &JobRow) -> String {
     match &job.last_error {
         None => out.push_str("last error    -\n"),
         Some(e) => {
+            if let Some(kind) = failure_kind(job) {
+                let _ = writeln!(out, "{:<14}{kind}", "failure");
+            }
             out.push_str("last error\n");
             for line in clean(e).lines() {
                 let _ = writeln!(out, "  {line}");

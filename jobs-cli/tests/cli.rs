@@ -1,4 +1,4 @@
-//! The `jobs` binary against a real database: output, exit codes and messages.
+//! The `jobsctl` binary against a real database: output, exit codes and messages.
 #![allow(missing_docs)]
 
 use std::process::Output;
@@ -289,11 +289,81 @@ async fn migrate_creates_the_job_table(pool: PgPool) {
     let url = url_of(&pool);
     let out = jobs(&url, &["stats"]).await;
     assert_eq!(out.status.code(), Some(1), "no job table yet");
-    assert!(stderr(&out).contains("jobs"), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        "error: the job table does not exist in the database this connection uses: create it with `jobs::migrate(&pool)` at start, or run `jobsctl migrate` against that database\n"
+    );
 
     let out = jobs(&url, &["migrate"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(stdout(&out), "migrations applied\n");
+    assert_eq!(stdout(&out), "applied migration 1 (create jobs)\n");
+    let out = jobs(&url, &["migrate"]).await;
+    assert_eq!(
+        stdout(&out),
+        "nothing to apply: the job table is up to date\n"
+    );
     let out = jobs(&url, &["stats"]).await;
     assert_eq!(stdout(&out), "no jobs\n", "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn a_misspelled_url_scheme_is_an_error() {
+    let out = jobs("postgress://ops:hunter2@127.0.0.1:5432/app", &["stats"]).await;
+    assert_eq!(out.status.code(), Some(3));
+    let err = stderr(&out);
+    assert!(
+        err.contains("the URL's scheme is `postgress://`; a PostgreSQL URL starts with postgres:// or postgresql://"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn failures_are_told_apart(pool: PgPool) {
+    let cases = [
+        ("permanent: bad input", "permanent"),
+        ("timed out after 5s", "timeout"),
+        ("handler panicked: boom", "panic"),
+        (
+            "lease expired: the worker running attempt 3 stopped renewing its claim",
+            "lease expired (its worker died or stalled)",
+        ),
+        ("smtp: 550 mailbox unavailable", "out of attempts"),
+    ];
+    let mut ids = Vec::new();
+    for (error, _) in cases {
+        ids.push(insert(&pool, "a", "failed", Some(error)).await);
+    }
+    for (id, (_, kind)) in ids.iter().zip(cases) {
+        let out = jobs(&url_of(&pool), &["show", &id.to_string()]).await;
+        let text = stdout(&out);
+        assert!(text.contains(&format!("failure       {kind}\n")), "{text}");
+        let out = jobs(&url_of(&pool), &["show", &id.to_string(), "--json"]).await;
+        let row: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+        assert_eq!(row["failure"], kind);
+    }
+    let out = jobs(&url_of(&pool), &["list", "--state", "failed"]).await;
+    let text = stdout(&out);
+    assert!(text.contains("out of attempts: smtp: 550"), "{text}");
+    assert!(text.contains("permanent: bad input"), "{text}");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn terminal_escapes_in_the_table_are_shown_escaped(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO jobs (kind, key, state, attempts, max_attempts, payload, last_error, finished_at) \
+         VALUES ('k\u{1b}[31m', 'key\u{1b}]0;title\u{7}', 'failed', 1, 1, '{}', 'oops\u{1b}[2J', now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    for args in [&["list"][..], &["show", "1"]] {
+        let out = jobs(&url_of(&pool), args).await;
+        let text = stdout(&out);
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{args:?}: {text:?}"
+        );
+        assert!(text.contains("\\u{1b}"), "{args:?}: {text}");
+    }
 }

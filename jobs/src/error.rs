@@ -29,11 +29,30 @@ pub enum Error {
     /// The runtime stopped because one of its own tasks failed (a panic in the claim
     /// loop); its running jobs were handed back first.
     Runtime(String),
+    /// The database has no job table (or not the version this library needs, or a
+    /// newer one). The message names the database and says what to run.
+    Schema(String),
+}
+
+/// What to say when the job table is missing, in `database` if known.
+pub(crate) fn no_job_table(database: Option<&str>) -> Error {
+    let place = match database {
+        Some(db) => format!("database `{db}`"),
+        None => "the database this connection uses".to_owned(),
+    };
+    Error::Schema(format!(
+        "the job table does not exist in {place}: create it with `jobs::migrate(&pool)` at start, or run `jobsctl migrate` against that database"
+    ))
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // sqlx appends PostgreSQL's own source line ("at line 1392"), which says
+            // nothing to a user: the message alone.
+            Error::Database(sqlx::Error::Database(e)) => {
+                write!(f, "database error: {}", e.message())
+            }
             Error::Database(e) => write!(f, "database error: {e}"),
             Error::Migrate(e) => write!(f, "migration failed: {e}"),
             Error::Serialize { kind, source } => {
@@ -43,6 +62,7 @@ impl fmt::Display for Error {
             Error::Registry(msg) => f.write_str(msg),
             Error::NotFound(id) => write!(f, "no job with id {id}"),
             Error::Runtime(msg) => write!(f, "the jobs runtime stopped: {msg}"),
+            Error::Schema(msg) => f.write_str(msg),
         }
     }
 }
@@ -60,7 +80,23 @@ impl std::error::Error for Error {
 
 impl From<sqlx::Error> for Error {
     fn from(e: sqlx::Error) -> Self {
+        if is_missing_job_table(&e) {
+            return no_job_table(None);
+        }
         Error::Database(e)
+    }
+}
+
+/// Whether `e` says that the job table (or the migrations' history) does not exist.
+pub(crate) fn is_missing_job_table(e: &sqlx::Error) -> bool {
+    match e {
+        // undefined_table, about one of this library's tables
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some("42P01")
+                && (db.message().contains("\"jobs\"")
+                    || db.message().contains(crate::migrate::MIGRATIONS_TABLE))
+        }
+        _ => false,
     }
 }
 

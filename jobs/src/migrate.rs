@@ -31,3 +31,34 @@ pub async fn migrate(pool: &sqlx::PgPool) -> Result<(), Error> {
     MIGRATOR.run(pool).await?;
     Ok(())
 }
+
+/// Checks, before a runtime starts, that the job table exists at the version of this
+/// library's migrations, and says what to do when it does not.
+pub(crate) async fn check(db: &sqlx::PgPool) -> Result<(), Error> {
+    let (database, has_table, has_history): (String, bool, bool) = sqlx::query_as(
+        "SELECT current_database()::text, to_regclass('jobs') IS NOT NULL, \
+         to_regclass('_jobs_migrations') IS NOT NULL",
+    )
+    .fetch_one(db)
+    .await?;
+    if !has_table || !has_history {
+        return Err(crate::error::no_job_table(Some(&database)));
+    }
+    let applied: Option<i64> =
+        sqlx::query_scalar("SELECT max(version) FROM _jobs_migrations WHERE success")
+            .fetch_one(db)
+            .await?;
+    let needed = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let applied = applied.unwrap_or(0);
+    if applied < needed {
+        return Err(Error::Schema(format!(
+            "the job table in database `{database}` is at migration {applied}, and this library needs migration {needed}: run `jobs::migrate(&pool)` at start, or `jobsctl migrate` against that database"
+        )));
+    }
+    if applied > needed {
+        return Err(Error::Schema(format!(
+            "the job table in database `{database}` is at migration {applied}, newer than this library knows (migration {needed}): another binary with a newer pgjobs migrated it; upgrade pgjobs in this one"
+        )));
+    }
+    Ok(())
+}

@@ -305,6 +305,13 @@ async fn write_outcome<'e, E: sqlx::PgExecutor<'e>>(
     let rows = match outcome {
         Outcome::Retry(message) | Outcome::Permanent(message) => {
             let permanent = matches!(outcome, Outcome::Permanent(_));
+            // `last_error` says what kind of failure it was: "permanent: ...", "timed
+            // out after ...", "handler panicked: ...", or the handler's own message.
+            let message = if permanent {
+                format!("permanent: {message}")
+            } else {
+                message.clone()
+            };
             sqlx::query(sql::FAIL)
                 .bind(job.id)
                 .bind(job.token)

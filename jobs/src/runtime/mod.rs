@@ -176,6 +176,33 @@ impl Runtime {
             .min_connections(0)
             .connect_lazy_with((*self.pool.connect_options()).clone());
 
+        // The job table must be there, at this library's version: say so at once
+        // rather than retry forever. An unreachable database is waited out.
+        tokio::pin!(shutdown);
+        let mut backoff =
+            backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        loop {
+            match crate::migrate::check(&db).await {
+                Ok(()) => break,
+                Err(Error::Database(e)) => {
+                    let wait = backoff.next();
+                    tracing::warn!(error = %Error::Database(e), retry_in = ?wait, "cannot reach the database to check the job table; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = &mut shutdown => {
+                            db.close().await;
+                            return Ok(RunCounts::default());
+                        }
+                    }
+                }
+                Err(e) => {
+                    db.close().await;
+                    tracing::error!(error = %e, "jobs runtime cannot start");
+                    return Err(e);
+                }
+            }
+        }
+
         let (completions, completions_rx) = mpsc::channel(self.concurrency.clamp(16, 4096) * 2);
         let wake = Arc::new(Notify::new());
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -254,7 +281,7 @@ impl Runtime {
 
         let mut failure = None;
         tokio::select! {
-            () = shutdown => {}
+            () = &mut shutdown => {}
             ended = &mut producer => {
                 let why = match ended {
                     Err(e) if e.is_panic() => format!("the claim loop panicked: {}", executor::panic_message(&*e.into_panic())),
