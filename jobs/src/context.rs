@@ -18,6 +18,40 @@ use crate::runtime::completer;
 /// Cheap to clone. In the default (heartbeat) lease mode, write results through
 /// [`fenced_tx`](Self::fenced_tx) so that a late result from a lost claim is refused; in
 /// transaction mode (`lease = "transaction"`), write through [`tx`](Self::tx).
+///
+/// ```
+/// use jobs::{Job, JobContext, JobError};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Job, Serialize, Deserialize)]
+/// #[job(kind = "thumbnail.make", key = "image_id", max_attempts = 5)]
+/// struct MakeThumbnail {
+///     image_id: i64,
+/// }
+///
+/// #[jobs::handler]
+/// async fn make_thumbnail(job: MakeThumbnail, ctx: JobContext) -> Result<(), JobError> {
+///     tracing::info!(job = ctx.id(), attempt = ctx.attempt(), of = ctx.max_attempts(), "thumbnail");
+///     // Reads go through the application's pool.
+///     let path: String = sqlx::query_scalar("SELECT path FROM images WHERE id = $1")
+///         .bind(job.image_id)
+///         .fetch_one(ctx.pool())
+///         .await?;
+///     // ... the slow work; the runtime renews the lease meanwhile ...
+///     if ctx.is_lease_lost() {
+///         // Another runtime may run the job now: write nothing.
+///         return Err(JobError::lease_lost());
+///     }
+///     let mut tx = ctx.fenced_tx().await?;
+///     sqlx::query("UPDATE images SET thumbnail = $2 WHERE id = $1")
+///         .bind(job.image_id)
+///         .bind(format!("{path}.thumb"))
+///         .execute(&mut *tx)
+///         .await?;
+///     tx.commit().await?;
+///     Ok(())
+/// }
+/// ```
 #[derive(Clone)]
 pub struct JobContext {
     pub(crate) inner: Arc<Inner>,
@@ -125,6 +159,28 @@ impl JobContext {
     /// cannot complete the job: a handler that then returns `Ok(())` is recorded as a
     /// failed attempt (its writes were lost) and the job is retried. Call
     /// [`FencedTx::rollback`] to roll back on purpose.
+    ///
+    /// In transaction mode this returns a permanent error: use [`tx`](Self::tx) there.
+    ///
+    /// ```no_run
+    /// # use jobs::{Job, JobContext, JobError};
+    /// # #[derive(Job, serde::Serialize, serde::Deserialize)]
+    /// # #[job(kind = "score.compute", key = "user_id")]
+    /// # struct ComputeScore { user_id: i64 }
+    /// # async fn compute(_user_id: i64) -> Result<i64, std::io::Error> { Ok(0) }
+    /// #[jobs::handler]
+    /// async fn compute_score(job: ComputeScore, ctx: JobContext) -> Result<(), JobError> {
+    ///     let score = compute(job.user_id).await?; // outside the transaction
+    ///     let mut tx = ctx.fenced_tx().await?; // a lease-lost error if the claim is gone
+    ///     sqlx::query("UPDATE users SET score = $2 WHERE id = $1")
+    ///         .bind(job.user_id)
+    ///         .bind(score)
+    ///         .execute(&mut *tx)
+    ///         .await?;
+    ///     tx.commit().await?; // the score and the job's completion, or neither
+    ///     Ok(())
+    /// }
+    /// ```
     pub async fn fenced_tx(&self) -> Result<FencedTx, JobError> {
         if self.inner.tx.is_some() {
             return Err(JobError::permanent(
@@ -167,6 +223,31 @@ impl JobContext {
     /// commits. If the claim is gone, or the handler fails, the transaction rolls back.
     /// The row is not locked while the handler works, so enqueues of the job's key never
     /// wait for it. Lock the guard, use it, and let it go before the handler returns.
+    ///
+    /// With a heartbeat lease this returns a permanent error: use
+    /// [`fenced_tx`](Self::fenced_tx) there.
+    ///
+    /// ```no_run
+    /// # use jobs::{Job, JobContext, JobError};
+    /// # #[derive(Job, serde::Serialize, serde::Deserialize)]
+    /// # #[job(kind = "order.close", key = "order_id", lease = "transaction")]
+    /// # struct CloseOrder { order_id: i64 }
+    /// #[jobs::handler]
+    /// async fn close_order(job: CloseOrder, ctx: JobContext) -> Result<(), JobError> {
+    ///     let mut tx = ctx.tx().await?;
+    ///     sqlx::query("UPDATE orders SET closed = true WHERE id = $1")
+    ///         .bind(job.order_id)
+    ///         .execute(&mut *tx)
+    ///         .await?;
+    ///     sqlx::query("INSERT INTO order_events (order_id, event) VALUES ($1, 'closed')")
+    ///         .bind(job.order_id)
+    ///         .execute(&mut *tx)
+    ///         .await?;
+    ///     // Returning Ok(()) commits both writes with the job's completion; an error
+    ///     // (or a lost claim) rolls them back.
+    ///     Ok(())
+    /// }
+    /// ```
     pub async fn tx(&self) -> Result<TxGuard<'_>, JobError> {
         let Some(slot) = &self.inner.tx else {
             return Err(JobError::permanent(
@@ -199,7 +280,37 @@ impl Drop for FenceFlag {
 
 /// A transaction that holds this job's claim; see [`JobContext::fenced_tx`].
 ///
-/// Dropped without [`commit`](Self::commit), it rolls back.
+/// It dereferences to a [`PgConnection`]: run statements on `&mut *tx`. Dropped without
+/// [`commit`](Self::commit), it rolls back, and the run cannot complete the job.
+///
+/// ```no_run
+/// # use jobs::{Job, JobContext, JobError};
+/// # #[derive(Job, serde::Serialize, serde::Deserialize)]
+/// # #[job(kind = "feed.import", key = "feed_id")]
+/// # struct ImportFeed { feed_id: i64, items: Vec<String> }
+/// #[jobs::handler]
+/// async fn import_feed(job: ImportFeed, ctx: JobContext) -> Result<(), JobError> {
+///     let mut tx = ctx.fenced_tx().await?;
+///     let open: bool = sqlx::query_scalar("SELECT open FROM feeds WHERE id = $1")
+///         .bind(job.feed_id)
+///         .fetch_one(&mut *tx)
+///         .await?;
+///     if !open {
+///         // Nothing to write: roll back on purpose and say why.
+///         tx.rollback().await?;
+///         return Err(JobError::permanent("the feed is closed"));
+///     }
+///     for item in &job.items {
+///         sqlx::query("INSERT INTO feed_items (feed_id, item) VALUES ($1, $2)")
+///             .bind(job.feed_id)
+///             .bind(item)
+///             .execute(&mut *tx)
+///             .await?;
+///     }
+///     tx.commit().await?;
+///     Ok(())
+/// }
+/// ```
 pub struct FencedTx {
     tx: Option<Transaction<'static, Postgres>>,
     flag: FenceFlag,
@@ -314,6 +425,44 @@ impl DerefMut for TxGuard<'_> {
 /// Any error type converts into a retryable failure, so `?` works in handlers:
 /// the job is retried after a backoff until it runs out of attempts. The constructors
 /// say something else: fail for good, snooze, or report a lost lease.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use jobs::{Job, JobContext, JobError};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Job, Serialize, Deserialize)]
+/// #[job(kind = "webhook.deliver", backoff = "5s")]
+/// struct Deliver {
+///     url: String,
+/// }
+///
+/// # fn in_maintenance() -> bool { false }
+/// # async fn post(_url: &str) -> Result<(), std::io::Error> { Ok(()) }
+/// #[jobs::handler]
+/// async fn deliver(job: Deliver, ctx: JobContext) -> Result<(), JobError> {
+///     if !job.url.starts_with("https://") {
+///         // Retrying will not help: the job becomes `failed` now.
+///         return Err(JobError::permanent(format!("not an https URL: {}", job.url)));
+///     }
+///     if in_maintenance() {
+///         // Not a failure: run again in ten minutes, same attempt count.
+///         return Err(JobError::snooze(Duration::from_secs(600)));
+///     }
+///     post(&job.url).await?; // an error here is retried after a backoff
+///     if ctx.is_lease_lost() {
+///         return Err(JobError::lease_lost());
+///     }
+///     Ok(())
+/// }
+///
+/// let retried = JobError::from(std::io::Error::other("connection reset"));
+/// assert!(!retried.is_permanent());
+/// assert_eq!(retried.to_string(), "connection reset");
+/// assert!(JobError::permanent("bad input").is_permanent());
+/// assert!(JobError::lease_lost().is_lease_lost());
+/// ```
 pub struct JobError {
     pub(crate) kind: JobErrorKind,
 }
