@@ -241,7 +241,7 @@ async fn usage_errors_exit_2(pool: PgPool) {
         &["retry", "1", "--kind", "a"],
         &["list", "--state", "lost"],
         &["list", "--limit", "0"],
-        &["prune", "--older-than", "7 weeks"],
+        &["prune", "--older-than", "7 fortnights"],
         &["frobnicate"],
     ] {
         let out = jobs(&url, args).await;

@@ -10,6 +10,8 @@ use crate::duration::parse_millis;
 /// A duration setting in whole milliseconds.
 pub(crate) struct Millis {
     pub value: u64,
+    /// The string it was written as.
+    pub span: Span,
 }
 
 /// The lease setting.
@@ -302,7 +304,10 @@ fn duration(value: &Expr, key: &str, errors: &mut Errors) -> Option<Millis> {
                 ));
                 None
             }
-            Ok(value) => Some(Millis { value }),
+            Ok(value) => Some(Millis {
+                value,
+                span: lit.span(),
+            }),
             Err(msg) => {
                 errors.push(syn::Error::new(lit.span(), msg));
                 None

@@ -16,6 +16,50 @@ pub(crate) fn expand(input: &DeriveInput) -> TokenStream {
     }
 }
 
+/// The shortest heartbeat lease: renewals come every third of a lease and must answer
+/// within half of it, so below this one slow round trip loses the claim.
+const MIN_LEASE_MS: u64 = 500;
+
+/// The defaults of `backoff` and `max_backoff` (`JobConfig::DEFAULT`).
+const DEFAULT_BACKOFF_MS: u64 = 1_000;
+const DEFAULT_MAX_BACKOFF_MS: u64 = 3_600_000;
+
+/// Settings that cannot work together.
+fn check_durations(attr: &JobAttr, errors: &mut Errors) {
+    let backoff = attr
+        .backoff
+        .as_ref()
+        .map_or(DEFAULT_BACKOFF_MS, |b| b.value);
+    let max_backoff = attr
+        .max_backoff
+        .as_ref()
+        .map_or(DEFAULT_MAX_BACKOFF_MS, |b| b.value);
+    if backoff > max_backoff {
+        let span = attr
+            .max_backoff
+            .as_ref()
+            .or(attr.backoff.as_ref())
+            .map_or_else(Span::call_site, |b| b.span);
+        errors.push(syn::Error::new(
+            span,
+            format!(
+                "`backoff` ({backoff} ms) is longer than `max_backoff` ({max_backoff} ms): the first retry would already wait past the cap; lower `backoff` or raise `max_backoff` (defaults: backoff = \"1s\", max_backoff = \"1h\")"
+            ),
+        ));
+    }
+    if let Some(Lease::Heartbeat(lease)) = &attr.lease
+        && lease.value < MIN_LEASE_MS
+    {
+        errors.push(syn::Error::new(
+            lease.span,
+            format!(
+                "a lease of {} ms is too short to keep: the runtime renews it every third of a lease and each renewal must answer within half of one; use at least lease = \"500ms\"",
+                lease.value
+            ),
+        ));
+    }
+}
+
 /// Checks what parsing alone cannot: a kind is given, key fields exist, no generics.
 /// Returns the key fields, each with the span of the string in `key = ...` that names it.
 fn validate(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) -> Vec<(syn::Ident, Span)> {
@@ -37,6 +81,7 @@ fn validate(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) -> Vec<(sy
             "a periodic job (`every`) cannot have a `key`: the runtime keeps one live job of the kind",
         ));
     }
+    check_durations(attr, errors);
     let mut found = Vec::new();
     if attr.key.is_empty() {
         return found;

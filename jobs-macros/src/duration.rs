@@ -1,9 +1,29 @@
-//! Durations written as strings in attributes: `"250ms"`, `"30s"`, `"5m"`, `"1h"`, `"7d"`.
+//! Durations written as strings in attributes, in the grammar of the `humantime` crate,
+//! which the `jobsctl` tool reads too: a number and a unit, or a sum of them:
+//! `"250ms"`, `"30s"`, `"5m"`, `"1h30m"`, `"7d"`, `"2 weeks"`.
+
+const EXPECTED: &str = "expected a number and a unit (ms, s, m, h, d, w), or a sum of them, \
+     such as \"250ms\", \"30s\", \"5m\", \"1h30m\" or \"7d\"";
 
 /// Parses a duration string into whole milliseconds, or says what is wrong with it.
 pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
-    const EXPECTED: &str = "expected a whole number and a unit (ms, s, m, h or d), \
-         such as \"250ms\", \"30s\", \"5m\", \"1h\" or \"7d\"";
+    match humantime::parse_duration(text.trim()) {
+        Ok(d) if d.subsec_nanos() % 1_000_000 != 0 => Err(format!(
+            "`{}` is not a whole number of milliseconds: the smallest unit is ms",
+            text.trim()
+        )),
+        Ok(d) => u64::try_from(d.as_millis())
+            .map_err(|_| format!("`{}` is too large: {EXPECTED}", text.trim())),
+        // The common mistakes get a message of their own; anything else, humantime's.
+        Err(e) => Err(explain(text)
+            .err()
+            .unwrap_or_else(|| format!("`{}` is not a duration ({e}): {EXPECTED}", text.trim()))),
+    }
+}
+
+/// Says what is wrong with a duration the grammar refused, for the common mistakes: no
+/// number, no unit, an upper-case or unknown unit.
+fn explain(text: &str) -> Result<u64, String> {
     let text = text.trim();
     if text.is_empty() {
         return Err(format!("the duration is empty: {EXPECTED}"));
@@ -72,12 +92,16 @@ mod tests {
     use super::parse_millis;
 
     #[test]
-    fn parses_each_unit() {
+    fn parses_each_unit_and_sums() {
         assert_eq!(parse_millis("250ms"), Ok(250));
         assert_eq!(parse_millis("30s"), Ok(30_000));
         assert_eq!(parse_millis("5m"), Ok(300_000));
         assert_eq!(parse_millis("1h"), Ok(3_600_000));
         assert_eq!(parse_millis("7d"), Ok(604_800_000));
+        assert_eq!(parse_millis("1h30m"), Ok(5_400_000));
+        assert_eq!(parse_millis("1h 30m"), Ok(5_400_000));
+        assert_eq!(parse_millis("2 weeks"), Ok(1_209_600_000));
+        assert_eq!(parse_millis("1.5s"), Ok(1_500));
     }
 
     #[test]
@@ -87,11 +111,9 @@ mod tests {
             "30",
             "s",
             "3x",
-            "1.5s",
             "-1s",
-            "30 s",
-            "30 seconds",
             "30S",
+            "10us",
             "99999999999999999999s",
         ] {
             assert!(parse_millis(bad).is_err(), "{bad:?} should be rejected");
@@ -99,18 +121,24 @@ mod tests {
     }
 
     #[test]
-    fn suggests_the_short_unit() {
+    fn explains_common_mistakes() {
         assert_eq!(
-            parse_millis("30 seconds"),
-            Err("`30 seconds` is not a duration: write \"30s\"".to_owned())
+            parse_millis("30 Seconds"),
+            Err("`30 Seconds` is not a duration: write \"30s\"".to_owned())
         );
         assert_eq!(
             parse_millis("5MIN"),
             Err("`5MIN` is not a duration: write \"5m\"".to_owned())
         );
-        assert_eq!(
-            parse_millis("2 h"),
-            Err("`2 h` has a space before its unit: write \"2h\"".to_owned())
+        assert!(
+            parse_millis("30")
+                .unwrap_err()
+                .starts_with("`30` has no unit")
+        );
+        assert!(
+            parse_millis("10us")
+                .unwrap_err()
+                .contains("not a whole number of milliseconds")
         );
     }
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 #[job(
     key = "sesion_id",
     max_attempts = 0,
-    backoff = "1 second",
+    backoff = "1 Second",
     retries = 3,
     lease = 30,
     concurrency = "4",

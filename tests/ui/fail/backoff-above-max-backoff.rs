@@ -1,0 +1,10 @@
+use jobs::Job;
+use serde::{Deserialize, Serialize};
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "session.delete", backoff = "10m", max_backoff = "1m")]
+struct SessionDelete {
+    session_id: i64,
+}
+
+fn main() {}
