@@ -62,10 +62,29 @@ async fn resize(job: Resize, ctx: JobContext) -> Result<(), JobError> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The runtime's warnings and errors (an outage, a failed job) go to stderr;
+    // RUST_LOG=jobs=info shows more.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let url = std::env::var("JOBS_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/jobs_examples".to_owned());
-    if !Postgres::database_exists(&url).await? {
+    let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+    let where_ = format!(
+        "database `{}` on {}:{}",
+        options.get_database().unwrap_or("(default)"),
+        options.get_host(),
+        options.get_port()
+    );
+    if Postgres::database_exists(&url).await? {
+        println!("using {where_} (JOBS_DATABASE_URL chooses another)");
+    } else {
         Postgres::create_database(&url).await?;
+        println!("created and using {where_} (JOBS_DATABASE_URL chooses another)");
     }
     let pool = PgPool::connect(&url).await?;
     jobs::migrate(&pool).await?;
