@@ -61,8 +61,10 @@
 //! # Defining jobs
 //!
 //! `#[derive(Job)]` implements the [`Job`](trait@Job) trait from the `#[job(...)]`
-//! attribute. Durations are strings with a unit: `"250ms"`, `"30s"`, `"5m"`, `"1h"`,
-//! `"7d"`. A mistake in the attribute is a compile error on the offending token.
+//! attribute. Durations are strings in the `humantime` crate's grammar (the `jobsctl`
+//! tool reads the same): a number and a unit, or a sum of them, `"250ms"`, `"30s"`,
+//! `"1h30m"`, `"7d"`. A mistake in the attribute is a compile error on the offending
+//! token, and so is a `backoff` above `max_backoff` or a lease under 500 ms.
 //!
 //! | key | default | meaning |
 //! |---|---|---|
@@ -71,7 +73,7 @@
 //! | `max_attempts = 20` | 20 | claims after which a failing job becomes `failed` |
 //! | `backoff = "1s"` | 1s | base of the exponential backoff, `backoff * 2^(attempt - 1)`, with jitter keeping 50-100% of it |
 //! | `max_backoff = "1h"` | 1h | cap of the backoff |
-//! | `lease = "30s"` or `lease = "transaction"` | 30s | heartbeat lease length (renewed every third of it), or [transaction mode](#transaction-mode-ctxtx) |
+//! | `lease = "30s"` or `lease = "transaction"` | 30s | heartbeat lease length, at least 500 ms (renewed every third of it), or [transaction mode](#transaction-mode-ctxtx) |
 //! | `cancel_on_lease_loss = false` | true | whether a handler whose lease is lost is cancelled at its next await point |
 //! | `timeout = "5m"` | none | cancel the handler after this long; the attempt fails |
 //! | `concurrency = 4` | none | at most this many jobs of the kind at once in one runtime |
@@ -176,7 +178,11 @@
 //!
 //! With `lease = "transaction"`, everything the handler writes through
 //! [`JobContext::tx`] commits in one transaction with the job's completion, exactly once,
-//! or not at all (a failure, a snooze or a lost claim rolls it back). For short,
+//! or not at all (a failure, a snooze or a lost claim rolls it back). The claim itself is
+//! committed first under a renewed lease ([`Lease::TRANSACTION_LEASE`]), so the attempt
+//! counts even if the session dies; the transaction opens at the handler's first
+//! `ctx.tx()` and locks the job's row only at its end, to check the claim and complete
+//! the job, so an enqueue of the key never waits for the handler. For short,
 //! database-only steps:
 //!
 //! ```no_run
