@@ -184,7 +184,7 @@ impl Runtime {
         loop {
             match crate::migrate::check(&db).await {
                 Ok(()) => break,
-                Err(Error::Database(e)) => {
+                Err(Error::Database(e)) if crate::migrate::is_transient(&e) => {
                     let wait = backoff.next();
                     tracing::warn!(error = %Error::Database(e), retry_in = ?wait, "cannot reach the database to check the job table; retrying");
                     tokio::select! {
