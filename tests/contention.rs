@@ -4,16 +4,14 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::wait_until;
-use jobs::{EnqueueBatch, EnqueueOutcome, Job, JobContext, JobError, Runtime};
+use common::{Running, runtime, wait_until};
+use jobs::{EnqueueBatch, EnqueueOutcome, Job, JobContext, JobError};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use tokio::sync::Notify;
 
 /// Where handlers record each run: job, attempt, what, and when (database clock).
 async fn setup(pool: &PgPool) {
@@ -64,40 +62,6 @@ async fn state_of(pool: &PgPool, id: i64) -> Option<(String, i32, Option<String>
         .fetch_optional(pool)
         .await
         .unwrap()
-}
-
-struct Running {
-    stop: Arc<Notify>,
-    task: tokio::task::JoinHandle<Result<(), jobs::Error>>,
-}
-
-impl Running {
-    fn start(runtime: Runtime) -> Running {
-        let stop = Arc::new(Notify::new());
-        let signal = stop.clone();
-        let task = tokio::spawn(runtime.run_until(async move { signal.notified().await }));
-        Running { stop, task }
-    }
-
-    async fn stop(self) {
-        self.stop.notify_one();
-        self.task
-            .await
-            .expect("runtime task")
-            .expect("runtime ends cleanly");
-    }
-}
-
-fn runtime(pool: &PgPool, kinds: &[&str]) -> Runtime {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    Runtime::new(pool.clone())
-        .kinds(kinds.iter().copied())
-        .poll_interval(Duration::from_millis(50))
-        .rescue_interval(Duration::from_millis(50))
-        .shutdown_grace(Duration::from_secs(5))
 }
 
 async fn wait_flag(what: &str, flag: &AtomicBool) {

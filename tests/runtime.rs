@@ -8,13 +8,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{count, wait_until};
+use common::{Running, count, runtime, wait_until};
 use jobs::{EnqueueBatch, Job, JobContext, JobError, Runtime};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Notify;
 
 /// A table where handlers record what they did, in the test's own database.
 async fn setup(pool: &PgPool) {
@@ -58,42 +57,6 @@ async fn runs(pool: &PgPool, note: &str) -> i64 {
         .fetch_one(pool)
         .await
         .unwrap()
-}
-
-/// Runs a runtime for `kinds` in the background; the returned handle stops it.
-struct Running {
-    stop: Arc<Notify>,
-    task: tokio::task::JoinHandle<Result<(), jobs::Error>>,
-}
-
-impl Running {
-    fn start(runtime: Runtime) -> Running {
-        let stop = Arc::new(Notify::new());
-        let signal = stop.clone();
-        let task = tokio::spawn(runtime.run_until(async move { signal.notified().await }));
-        Running { stop, task }
-    }
-
-    async fn stop(self) {
-        self.stop.notify_one();
-        self.task
-            .await
-            .expect("runtime task")
-            .expect("runtime ends cleanly");
-    }
-}
-
-fn runtime(pool: &PgPool, kinds: &[&str]) -> Runtime {
-    // RUST_LOG=jobs=debug shows the runtime's events in a failing test's output.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    Runtime::new(pool.clone())
-        .kinds(kinds.iter().copied())
-        .poll_interval(Duration::from_millis(50))
-        .rescue_interval(Duration::from_millis(50))
-        .shutdown_grace(Duration::from_secs(5))
 }
 
 // ---------------------------------------------------------------------------------

@@ -699,30 +699,29 @@ where
     Ok(deleted)
 }
 
-/// One bounded batch of [`PRUNE_BATCH`]; returns how many rows it deleted.
-pub(crate) async fn prune_batch<'e, E: PgExecutor<'e>>(
-    executor: E,
-    kind: &str,
-    older_than: Duration,
-    batch: i64,
-) -> Result<u64, Error> {
-    Ok(sqlx::query(PRUNE_BATCH)
-        .bind(kind)
-        .bind(batch)
-        .bind(crate::enqueue::millis(older_than))
-        .execute(executor)
-        .await?
-        .rows_affected())
+/// Which rows a retention prune deletes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Retained {
+    /// `done` rows ([`PRUNE_BATCH`]).
+    Done,
+    /// `failed` rows ([`PRUNE_FAILED_BATCH`]).
+    Failed,
 }
 
-/// One bounded batch of [`PRUNE_FAILED_BATCH`]; returns how many rows it deleted.
-pub(crate) async fn prune_failed_batch<'e, E: PgExecutor<'e>>(
+/// One bounded batch of the retention prune of `which` rows of `kind` finished more than
+/// `older_than` ago; returns how many rows it deleted.
+pub(crate) async fn prune_batch<'e, E: PgExecutor<'e>>(
     executor: E,
+    which: Retained,
     kind: &str,
     older_than: Duration,
     batch: i64,
 ) -> Result<u64, Error> {
-    Ok(sqlx::query(PRUNE_FAILED_BATCH)
+    let statement = match which {
+        Retained::Done => PRUNE_BATCH,
+        Retained::Failed => PRUNE_FAILED_BATCH,
+    };
+    Ok(sqlx::query(statement)
         .bind(kind)
         .bind(batch)
         .bind(crate::enqueue::millis(older_than))

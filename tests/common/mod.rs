@@ -2,9 +2,12 @@
 #![allow(dead_code, missing_docs)]
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use jobs::Runtime;
 use sqlx::PgPool;
+use tokio::sync::Notify;
 
 /// Waits until `check` returns true, polling; panics with `what` after a generous
 /// limit. The limit guards against a hung test, it asserts nothing about speed.
@@ -50,4 +53,42 @@ pub async fn live(pool: &PgPool) -> i64 {
         .fetch_one(pool)
         .await
         .expect("count jobs")
+}
+
+/// A runtime running in the background; [`Running::stop`] shuts it down.
+pub struct Running {
+    stop: Arc<Notify>,
+    task: tokio::task::JoinHandle<Result<(), jobs::Error>>,
+}
+
+impl Running {
+    pub fn start(runtime: Runtime) -> Running {
+        let stop = Arc::new(Notify::new());
+        let signal = stop.clone();
+        let task = tokio::spawn(runtime.run_until(async move { signal.notified().await }));
+        Running { stop, task }
+    }
+
+    /// Shuts the runtime down and checks that it ended cleanly.
+    pub async fn stop(self) {
+        self.stop.notify_one();
+        self.task
+            .await
+            .expect("runtime task")
+            .expect("runtime ends cleanly");
+    }
+}
+
+/// A runtime for `kinds` that polls and rescues every 50 ms. `RUST_LOG=jobs=debug` shows
+/// its events in a failing test's output.
+pub fn runtime(pool: &PgPool, kinds: &[&str]) -> Runtime {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    Runtime::new(pool.clone())
+        .kinds(kinds.iter().copied())
+        .poll_interval(Duration::from_millis(50))
+        .rescue_interval(Duration::from_millis(50))
+        .shutdown_grace(Duration::from_secs(5))
 }

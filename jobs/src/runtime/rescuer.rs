@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Shared;
+use crate::admin::Retained;
 use crate::sql;
 
 /// Rescues at most this many claims per statement.
@@ -66,11 +67,12 @@ pub(super) async fn prune(shared: Arc<Shared>, retain_failed: Option<Duration>) 
 /// One bounded batch; returns whether it was full (more may be waiting).
 async fn prune_one(shared: &Shared, kind: &str, retain: Duration, failed: bool) -> bool {
     let batch = i64::from(BATCH);
-    let result = if failed {
-        crate::admin::prune_failed_batch(&shared.db, kind, retain, batch).await
+    let which = if failed {
+        Retained::Failed
     } else {
-        crate::admin::prune_batch(&shared.db, kind, retain, batch).await
+        Retained::Done
     };
+    let result = crate::admin::prune_batch(&shared.db, which, kind, retain, batch).await;
     match result {
         Ok(n) => n >= batch as u64,
         Err(e) => {
