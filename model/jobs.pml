@@ -11,7 +11,7 @@
  * to the code must be added to one of these lists.
  */
 
-/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
+/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
 /* statements read-only, not modelled: LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
 /* statements writing outside the modelled rows, not modelled: ARM_PERIODIC PRUNE_BATCH */
 
@@ -178,7 +178,9 @@ inline to_failed(i, perm) {
 /* ---------------------------------- statements ---------------------------------- */
 
 /* CLAIM: a pending, due row not locked by another transaction (SKIP LOCKED) becomes
-   running under a fresh token, its attempt counted; committed at once */
+   running under a fresh token, its attempt counted; committed at once. CLAIM_SPLIT, the
+   claim over several kinds whose limits add up to more than it takes, is the same step
+   here: the model has one kind */
 inline CLAIM(r, i) {
     assert(row[i].gc < MAXATT);                 /* P5: at most max_attempts claims */
     assert((ok & BIT(row[i].gen)) == 0);        /* P6: a succeeded run is not run again */

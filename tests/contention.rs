@@ -695,7 +695,9 @@ async fn claim_locks_only_what_it_takes(pool: PgPool) {
         .unwrap();
     }
     let mut claimer = pool.begin().await.unwrap();
-    let rows = sqlx::query(jobs::__private::CLAIM_SQL)
+    // Ten kinds, each allowed the whole claim of ten: the runtime claims through
+    // CLAIM_SPLIT then.
+    let rows = sqlx::query(jobs::__private::CLAIM_SPLIT_SQL)
         .bind(&kinds)
         .bind(vec![10i32; 10])
         .bind(vec![30_000i64; 10])

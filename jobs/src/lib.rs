@@ -424,6 +424,9 @@ pub mod __private {
     /// The claim statement, for tests that read its plan.
     pub const CLAIM_SQL: &str = crate::sql::CLAIM;
 
+    /// The claim over several kinds whose limits add up to more than it takes.
+    pub const CLAIM_SPLIT_SQL: &str = crate::sql::CLAIM_SPLIT;
+
     /// Every SQL statement the crate runs, by name, for tests that check them all.
     pub fn statements() -> Vec<(&'static str, &'static str)> {
         crate::sql::all()

@@ -71,19 +71,18 @@ FROM ins CROSS JOIN notify
 "#;
 
 /// Claims up to `$4` claimable jobs of the kinds in `$1`, at most `$2[i]` of kind
-/// `$1[i]`, each with a lease of `$3[i]` ms (every lease mode claims under a lease).
+/// `$1[i]`, each with a lease of `$3[i]` ms (every lease mode claims under a lease),
+/// when the kinds' limits add up to no more than `$4` (always so for one kind): each
+/// kind's scan then locks only rows the claim takes. [`CLAIM_SPLIT`] is the claim for
+/// the other case.
 ///
 /// Index: `jobs_claim (kind, run_after, id) WHERE state = 'pending'`, one range scan per
 /// kind (the lateral join), so a backlog of other kinds or of future jobs is never read.
 /// The locking select runs once, in a materialized CTE (a `WHERE id IN (subquery)` may
 /// be re-evaluated and claim more than asked); `SKIP LOCKED` lets concurrent claimers
-/// take disjoint rows; `FOR NO KEY UPDATE` does not block foreign keys pointing at jobs.
-///
-/// Only what is taken is locked. When the kinds' limits add up to more than `$4`, an
-/// unlocked first pass (`top`) finds which kinds the oldest `$4` due jobs belong to, and
-/// each kind's locking scan stops at its share; otherwise `top` is never evaluated (its
-/// only use is behind the `CASE`). A kind's locking scan skips rows other claimers hold
-/// and reads on down its range, so concurrent claimers get full batches.
+/// take disjoint rows, each kind's scan reading on down its range past rows other
+/// claimers hold, so they get full batches; `FOR NO KEY UPDATE` does not block foreign
+/// keys pointing at jobs.
 ///
 /// The rows are then updated through `id = ANY(array)`, probes of the primary key:
 /// joined to the CTE instead, a cached generic plan (which cannot see the limit)
@@ -95,6 +94,46 @@ FROM ins CROSS JOIN notify
 /// the claim in every lease mode. Also returns how long each job waited past its
 /// run-after, on the database clock.
 pub(crate) const CLAIM: &str = r#"
+WITH wanted AS (
+    SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]) AS w(kind, n, lease_ms)
+),
+picked AS MATERIALIZED (
+    SELECT c.id
+    FROM wanted w
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT id
+            FROM jobs
+            WHERE state = 'pending' AND kind = w.kind AND run_after <= now()
+            ORDER BY run_after, id
+            LIMIT w.n
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) one_kind
+        LIMIT 1000
+    ) c
+    LIMIT $4
+)
+UPDATE jobs j SET
+    state = 'running',
+    attempts = j.attempts + 1,
+    claimed_by = gen_random_uuid(),
+    claimed_until = now()
+        + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
+WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
+RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
+          extract(epoch FROM now() - j.run_after)::float8 AS waited
+"#;
+
+/// [`CLAIM`] for kinds whose limits add up to more than `$4`: locking each kind's first
+/// `$2[i]` rows and cutting the lot to `$4` afterwards would lock rows the claim then
+/// lets go (a claim of 100 over 10 kinds locked 1,006 rows), and other claimers would
+/// skip them. So an unlocked first pass (`top`) finds which kinds the oldest `$4` due
+/// jobs belong to, and each kind's locking scan stops at that share: the claim locks at
+/// most `$4` rows, every one of which it takes.
+///
+/// Index: `jobs_claim`, two range scans per kind (the first one reads at most `$2[i]`
+/// entries and locks nothing). Otherwise as [`CLAIM`].
+pub(crate) const CLAIM_SPLIT: &str = r#"
 WITH wanted AS (
     SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]) AS w(kind, n, lease_ms)
 ),
@@ -114,17 +153,21 @@ top AS MATERIALIZED (
     ORDER BY c.run_after, c.id
     LIMIT $4
 ),
+share AS (
+    SELECT w.kind, w.lease_ms, count(t.kind) AS n
+    FROM wanted w LEFT JOIN top t ON t.kind = w.kind
+    GROUP BY w.kind, w.lease_ms
+),
 picked AS MATERIALIZED (
     SELECT c.id
-    FROM wanted w
+    FROM share s
     CROSS JOIN LATERAL (
         SELECT * FROM (
             SELECT id
             FROM jobs
-            WHERE state = 'pending' AND kind = w.kind AND run_after <= now()
+            WHERE state = 'pending' AND kind = s.kind AND run_after <= now()
             ORDER BY run_after, id
-            LIMIT CASE WHEN (SELECT sum(n) FROM wanted) <= $4 THEN w.n
-                       ELSE (SELECT count(*) FROM top t WHERE t.kind = w.kind) END
+            LIMIT s.n
             FOR NO KEY UPDATE SKIP LOCKED
         ) one_kind
         LIMIT 1000
@@ -417,6 +460,7 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("ENQUEUE_ONE", ENQUEUE_ONE),
         ("ENQUEUE_MANY", ENQUEUE_MANY),
         ("CLAIM", CLAIM),
+        ("CLAIM_SPLIT", CLAIM_SPLIT),
         ("RENEW", RENEW),
         ("COMPLETE_DELETE", COMPLETE_DELETE),
         ("COMPLETE_KEEP", COMPLETE_KEEP),

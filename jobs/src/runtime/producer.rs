@@ -160,7 +160,14 @@ async fn claim(
         Some(c) => c,
         None => conn.insert(shared.db.acquire().await?),
     };
-    let rows: Vec<ClaimRow> = sqlx::query_as(sql::CLAIM)
+    // The kinds' limits add up to more than the claim takes (several kinds, each
+    // allowed all the free slots): the claim that shares the limit among them.
+    let statement = if asked > want {
+        sql::CLAIM_SPLIT
+    } else {
+        sql::CLAIM
+    };
+    let rows: Vec<ClaimRow> = sqlx::query_as(statement)
         .bind(&kinds)
         .bind(&limits)
         .bind(&leases)
