@@ -911,3 +911,99 @@ async fn a_blocking_handler_keeps_its_lease(pool: PgPool) {
         .unwrap();
     assert_eq!(results, [1]);
 }
+
+// ---------------------------------------------------------------------------------
+// A connection that dies silently (it stays open and carries nothing) does not stall
+// the claim loop: the runtime's statements have a time limit.
+
+/// A TCP proxy in front of PostgreSQL whose `blackhole` makes every connection open at
+/// that moment silent for good: nothing is forwarded any more and nothing is closed, as
+/// with a peer that vanished without a FIN. Later connections work.
+struct Blackhole {
+    port: u16,
+    epoch: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Blackhole {
+    async fn start(target: (String, u16)) -> Blackhole {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (epoch, _) = tokio::sync::watch::channel(0u64);
+        let epoch = std::sync::Arc::new(epoch);
+        let state = epoch.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                let target = target.clone();
+                let mut changed = state.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = changed.changed() => {
+                            // Keep both ends open, and forward nothing, forever.
+                            let _held = (inbound, outbound);
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                });
+            }
+        });
+        Blackhole { port, epoch }
+    }
+
+    fn blackhole(&self) {
+        self.epoch.send_modify(|e| *e += 1);
+    }
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "ct.silent", lease = "2s")]
+struct Silent {
+    n: u32,
+}
+
+#[jobs::handler]
+async fn silent(_job: Silent, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_silently_dead_connection_does_not_stall_claims(
+    pool_opts: PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    let direct = pool_opts.clone().connect_with(opts.clone()).await.unwrap();
+    let proxy = Blackhole::start((opts.get_host().to_owned(), opts.get_port())).await;
+    let proxied = PgPoolOptions::new()
+        .max_connections(5)
+        .connect_with(opts.clone().host("127.0.0.1").port(proxy.port))
+        .await
+        .unwrap();
+    Silent { n: 0 }.enqueue(&direct).await.unwrap();
+    let rt = Running::start(
+        runtime(&proxied, &["ct.silent"]).statement_timeout(Duration::from_millis(500)),
+    );
+    wait_until("the first job ran", || async {
+        common::count_kind(&direct, "ct.silent").await == 0
+    })
+    .await;
+    // Every connection the runtime holds now goes silent, its claimer's among them.
+    proxy.blackhole();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut batch = EnqueueBatch::new();
+    for n in 1..=5 {
+        batch.push(&Silent { n }).unwrap();
+    }
+    batch.enqueue(&direct).await.unwrap();
+    wait_until(
+        "the runtime gave up on the silent connections and ran the rest",
+        || async { common::count_kind(&direct, "ct.silent").await == 0 },
+    )
+    .await;
+    rt.stop().await;
+}

@@ -269,7 +269,12 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
     let lease = job.config.lease_length();
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
     loop {
-        let result = write_outcome(&shared.db, job, &outcome).await;
+        let result = super::answer_within(
+            shared.answer_within,
+            "the job's outcome",
+            write_outcome(&shared.db, job, &outcome),
+        )
+        .await;
         match result {
             Ok(true) => break,
             Ok(false) => {

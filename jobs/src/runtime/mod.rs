@@ -24,6 +24,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::context::Inner;
+use crate::enqueue::millis;
 use crate::error::Error;
 use crate::registry::{self, HandlerInfo};
 
@@ -54,6 +55,7 @@ pub struct Runtime {
     poll_interval: Duration,
     shutdown_grace: Duration,
     rescue_interval: Duration,
+    statement_timeout: Duration,
     retain_failed: Option<Duration>,
     only: Option<Vec<String>>,
 }
@@ -75,6 +77,7 @@ impl Runtime {
             poll_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
             rescue_interval: Duration::from_secs(1),
+            statement_timeout: Duration::from_secs(30),
             retain_failed: None,
             only: None,
         }
@@ -104,6 +107,17 @@ impl Runtime {
     /// How often this runtime looks for expired claims to take back (default 1s).
     pub fn rescue_interval(mut self, d: Duration) -> Self {
         self.rescue_interval = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long one of the runtime's own statements (a claim, a completion, a failure,
+    /// a rescue) may take before it is abandoned and retried on a fresh connection
+    /// (default 30s): the server cancels it after this long (`statement_timeout` on the
+    /// runtime's connections, which only the runtime uses), and the runtime gives up
+    /// waiting a little later, so that a connection that died silently cannot stall a
+    /// part of the runtime. Handlers' statements, on your pool, are not affected.
+    pub fn statement_timeout(mut self, d: Duration) -> Self {
+        self.statement_timeout = d.max(Duration::from_millis(100));
         self
     }
 
@@ -174,7 +188,10 @@ impl Runtime {
             .clone()
             .max_connections(RUNTIME_CONNECTIONS - 1) // the heartbeat has its own
             .min_connections(0)
-            .connect_lazy_with((*self.pool.connect_options()).clone());
+            .connect_lazy_with((*self.pool.connect_options()).clone().options([(
+                "statement_timeout",
+                millis(self.statement_timeout).to_string(),
+            )]));
 
         // The job table must be there, at this library's version: say so at once
         // rather than retry forever. An unreachable database is waited out.
@@ -214,6 +231,9 @@ impl Runtime {
             handlers,
             concurrency: self.concurrency,
             poll_interval: self.poll_interval,
+            // The server cancels a statement at `statement_timeout`; a connection that
+            // died silently never answers, so the runtime stops waiting a little later.
+            answer_within: self.statement_timeout + Duration::from_secs(5),
             running: Mutex::new(Running::default()),
             slot_freed: Notify::new(),
             wake: wake.clone(),
@@ -224,7 +244,13 @@ impl Runtime {
         });
         let executors: producer::Executors = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
 
-        let mut completer = tokio::spawn(completer::run(db, completions_rx, flights, wake.clone()));
+        let mut completer = tokio::spawn(completer::run(
+            db,
+            completions_rx,
+            flights,
+            wake.clone(),
+            self.statement_timeout + Duration::from_secs(5),
+        ));
         #[allow(unused_mut)]
         let mut background = vec![
             tokio::spawn(listener::run(shared.clone())),
@@ -394,6 +420,21 @@ impl RunCounts {
     }
 }
 
+/// `future`, or an error if it has not answered within `limit` (its connection may have
+/// died silently: the caller drops it).
+pub(crate) async fn answer_within<T>(
+    limit: Duration,
+    what: &str,
+    future: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    match tokio::time::timeout(limit, future).await {
+        Ok(result) => result,
+        Err(_) => Err(sqlx::Error::Protocol(format!(
+            "{what} did not answer within {limit:?}"
+        ))),
+    }
+}
+
 /// Waits for every executor to end.
 async fn join_all(executors: &producer::Executors) {
     // The producer has stopped: nothing else takes the lock meanwhile. Cancelled (the
@@ -490,6 +531,8 @@ pub(crate) struct Shared {
     handlers: BTreeMap<&'static str, &'static HandlerInfo>,
     concurrency: usize,
     poll_interval: Duration,
+    /// How long the runtime waits for one of its statements to answer.
+    answer_within: Duration,
     running: Mutex<Running>,
     /// A handler finished: capacity is free again.
     slot_freed: Notify,

@@ -104,15 +104,11 @@ pub(super) async fn run(
         }
         batch_window_used = false;
 
-        match claim(
-            &shared,
-            &mut conn,
-            total_free,
-            &per_kind,
-            &mut *executors.lock().await,
-        )
-        .await
-        {
+        let mut running = executors.lock().await;
+        let round = claim(&shared, &mut conn, total_free, &per_kind, &mut running);
+        let claimed = super::answer_within(shared.answer_within, "the claim", round).await;
+        drop(running);
+        match claimed {
             Ok(filled) => {
                 more = filled;
                 backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));

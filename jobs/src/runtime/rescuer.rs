@@ -22,10 +22,14 @@ pub(super) async fn run(shared: Arc<Shared>, every: Duration) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let rows: Result<Vec<(i64, String, String)>, sqlx::Error> = sqlx::query_as(sql::RESCUE)
-            .bind(BATCH)
-            .fetch_all(&shared.db)
-            .await;
+        let rows: Result<Vec<(i64, String, String)>, sqlx::Error> = super::answer_within(
+            shared.answer_within,
+            "the rescue",
+            sqlx::query_as(sql::RESCUE)
+                .bind(BATCH)
+                .fetch_all(&shared.db),
+        )
+        .await;
         match rows {
             Ok(rows) if rows.is_empty() => {}
             Ok(rows) => {
