@@ -38,6 +38,27 @@ async fn noop(job: Noop, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
+/// A job whose handler records how late it started (W6).
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "bench.timed")]
+struct Timed {}
+
+static LATE_MS: Mutex<Vec<f64>> = Mutex::new(Vec::new());
+
+#[jobs::handler]
+async fn timed(_job: Timed, ctx: JobContext) -> Result<(), JobError> {
+    // From run-after to the start of this statement, on the database clock (one round
+    // trip after the handler started).
+    let late: f64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM statement_timestamp() - run_after) * 1000)::float8 FROM jobs WHERE id = $1",
+    )
+    .bind(ctx.id())
+    .fetch_one(ctx.pool())
+    .await?;
+    LATE_MS.lock().unwrap().push(late);
+    Ok(())
+}
+
 fn url() -> String {
     std::env::var("JOBS_BENCH_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/jobs_bench".to_owned())
@@ -158,6 +179,7 @@ async fn drain(pool: &PgPool, n: u32, concurrency: usize) -> (f64, f64) {
     let watcher = pool.clone();
     let t = Instant::now();
     Runtime::new(pool.clone())
+        .kinds(["bench.noop"])
         .concurrency(concurrency)
         .run_until(async move {
             while DONE.load(Ordering::Relaxed) < n as usize {
@@ -255,6 +277,7 @@ async fn w3(runs: usize) {
         let signal = stop.clone();
         let rt = tokio::spawn(async move {
             Runtime::new(runtime_pool)
+                .kinds(["bench.noop"])
                 .run_until(async move { signal.notified().await })
                 .await
         });
@@ -283,6 +306,45 @@ async fn w3(runs: usize) {
     report("W3 pickup latency p50", "ms", p50, &[]);
     report("W3 pickup latency p99", "ms", p99, &[]);
     report("W3 pickup latency max", "ms", max, &[]);
+}
+
+/// W6: an idle runtime (default poll interval, 1 s) and 200 jobs each enqueued with a
+/// delay of 50 to 500 ms, one every 10 ms: how late each starts after its run-after.
+async fn w6(runs: usize) {
+    let mut p50 = Vec::new();
+    let mut p99 = Vec::new();
+    for _ in 0..runs {
+        let pool = fresh_database(12).await;
+        LATE_MS.lock().unwrap().clear();
+        let runtime_pool = pool.clone();
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let signal = stop.clone();
+        let rt = tokio::spawn(async move {
+            Runtime::new(runtime_pool)
+                .kinds(["bench.timed"])
+                .run_until(async move { signal.notified().await })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for i in 0..200u64 {
+            // Delays spread over 50..500 ms without a random source: a fixed stride.
+            let delay = Duration::from_millis(50 + (i * 37) % 450);
+            Timed {}.enqueue_in(&pool, delay).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        while LATE_MS.lock().unwrap().len() < 200 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.notify_one();
+        rt.await.unwrap().unwrap();
+        let mut late = LATE_MS.lock().unwrap().clone();
+        late.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        p50.push(late[late.len() / 2]);
+        p99.push(late[late.len() * 99 / 100]);
+        pool.close().await;
+    }
+    report("W6 start after run-after p50", "ms", p50, &[]);
+    report("W6 start after run-after p99", "ms", p99, &[]);
 }
 
 async fn w5(n: u32, runs: usize) {
@@ -321,7 +383,12 @@ async fn w5(n: u32, runs: usize) {
 /// A runtime process for W5, stopped by the parent.
 async fn child() {
     let pool = pool(12).await;
-    Runtime::new(pool).concurrency(100).run().await.unwrap();
+    Runtime::new(pool)
+        .kinds(["bench.noop"])
+        .concurrency(100)
+        .run()
+        .await
+        .unwrap();
 }
 
 #[tokio::main]
@@ -343,7 +410,9 @@ async fn main() {
         }
     }
     if workloads.is_empty() {
-        workloads = ["w1", "w2", "w3", "w4", "w5"].map(String::from).to_vec();
+        workloads = ["w1", "w2", "w3", "w4", "w5", "w6"]
+            .map(String::from)
+            .to_vec();
     }
     println!("{:<34} {:>12} unit", "workload", "median");
     for w in &workloads {
@@ -354,6 +423,7 @@ async fn main() {
             "w3" => w3(runs).await,
             "w4" => w2(n, runs, true, &[10, 100]).await,
             "w5" => w5(n, runs).await,
+            "w6" => w6(runs).await,
             other => panic!("unknown workload {other}: expected w1..w5"),
         }
     }

@@ -403,6 +403,53 @@ async fn notification_wakes_an_idle_runtime(pool: PgPool) {
     rt.stop().await;
 }
 
+// An idle runtime that polls once an hour still starts a scheduled job, and a retry, when
+// they become due: it sleeps until the next run-after, not until the next poll.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.due", backoff = "300ms", max_attempts = 3)]
+struct Due {
+    fail_first: bool,
+}
+
+#[jobs::handler]
+async fn due(job: Due, ctx: JobContext) -> Result<(), JobError> {
+    // How late this run started, on the database clock.
+    sqlx::query(
+        "INSERT INTO runs (job_id, attempt, note) SELECT $1, $2, 'due ' || (clock_timestamp() >= run_after) FROM jobs WHERE id = $1",
+    )
+    .bind(ctx.id())
+    .bind(ctx.attempt() as i32)
+    .execute(ctx.pool())
+    .await?;
+    if job.fail_first && ctx.attempt() == 1 {
+        return Err(JobError::retry("first attempt fails"));
+    }
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn scheduled_jobs_and_retries_start_when_due_without_a_poll(pool: PgPool) {
+    setup(&pool).await;
+    let rt = Running::start(runtime(&pool, &["rt.due"]).poll_interval(Duration::from_secs(3600)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Due { fail_first: false }
+        .enqueue_in(&pool, Duration::from_millis(700))
+        .await
+        .unwrap();
+    Due { fail_first: true }.enqueue(&pool).await.unwrap();
+    wait_until("the delayed job and the retry ran", || async {
+        runs(&pool, "due true").await == 3 && common::live(&pool).await == 0
+    })
+    .await;
+    rt.stop().await;
+    assert_eq!(
+        runs(&pool, "due false").await,
+        0,
+        "no run before its run-after"
+    );
+}
+
 // ---------------------------------------------------------------------------------
 // Re-run mark: a trigger that arrives while the job runs gets one more run.
 

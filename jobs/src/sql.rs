@@ -13,9 +13,10 @@
 /// so none fails with a unique violation. A pending job takes the new payload, the new
 /// run-after (the newest trigger's time wins) and a fresh attempt budget (attempts back
 /// to 0, the new `max_attempts`); a running one takes the new payload and a re-run mark,
-/// and gets its fresh budget when its claim ends. One notification
-/// when the job is claimable now, delivered at commit (PostgreSQL folds identical
-/// notifications of one transaction into one).
+/// and gets its fresh budget when its claim ends. One notification when the job is
+/// pending, claimable now or later (an idle runtime then learns when it becomes due,
+/// [`NEXT_DUE`]), delivered at commit (PostgreSQL folds identical notifications of one
+/// transaction into one).
 pub(crate) const ENQUEUE_ONE: &str = r#"
 WITH ins AS (
     INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
@@ -26,13 +27,13 @@ WITH ins AS (
         attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
         run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
-    RETURNING j.id, (j.xmax = 0) AS inserted, j.state, j.kind, j.run_after <= now() AS ready
+    RETURNING j.id, (j.xmax = 0) AS inserted, j.state, j.kind
 )
 SELECT id, inserted, state
 FROM ins
 CROSS JOIN LATERAL (
     SELECT count(*) AS notified
-    FROM (SELECT pg_notify('jobs', ins.kind) WHERE ins.ready AND ins.state = 'pending') n
+    FROM (SELECT pg_notify('jobs', ins.kind) WHERE ins.state = 'pending') n
 ) notify
 "#;
 
@@ -45,7 +46,7 @@ CROSS JOIN LATERAL (
 /// order, so two batches of overlapping keys never deadlock. The ids of inserted rows
 /// rise in array order; each returned row carries its kind and key, which name a keyed
 /// row's input. Index: `jobs_live_key`, as [`ENQUEUE_ONE`]. One notification per kind
-/// that has a job claimable now.
+/// that has a pending job, as [`ENQUEUE_ONE`].
 pub(crate) const ENQUEUE_MANY: &str = r#"
 WITH ins AS (
     INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
@@ -60,11 +61,11 @@ WITH ins AS (
         attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
         run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
-    RETURNING j.id, j.kind, j.key, (j.xmax = 0) AS inserted, j.state, j.run_after <= now() AS ready
+    RETURNING j.id, j.kind, j.key, (j.xmax = 0) AS inserted, j.state
 ),
 notify AS (
     SELECT count(pg_notify('jobs', k.kind)) AS notified
-    FROM (SELECT DISTINCT kind FROM ins WHERE ready AND state = 'pending') k
+    FROM (SELECT DISTINCT kind FROM ins WHERE state = 'pending') k
 )
 SELECT ins.id, ins.kind, ins.key, ins.inserted, ins.state
 FROM ins CROSS JOIN notify
@@ -182,6 +183,23 @@ UPDATE jobs j SET
 WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
           extract(epoch FROM now() - j.run_after)::float8 AS waited
+"#;
+
+/// How long until the next job of the kinds `$1` becomes due (seconds, on the database
+/// clock; NULL when none is scheduled): an idle runtime sleeps until then, so a retry, a
+/// snooze or a scheduled job starts on time rather than at the next poll.
+///
+/// Index: `jobs_claim (kind, run_after, id) WHERE state = 'pending'`, one probe per kind
+/// at the first entry past `now()`.
+pub(crate) const NEXT_DUE: &str = r#"
+SELECT extract(epoch FROM min(n.run_after) - now())::float8
+FROM unnest($1::text[]) AS k(kind)
+CROSS JOIN LATERAL (
+    SELECT run_after FROM jobs
+    WHERE state = 'pending' AND kind = k.kind AND run_after > now()
+    ORDER BY run_after
+    LIMIT 1
+) n
 "#;
 
 /// Renews the leases of the claims `($1[i], $2[i])` to `$3[i]` ms from now, for those
@@ -461,6 +479,7 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("ENQUEUE_MANY", ENQUEUE_MANY),
         ("CLAIM", CLAIM),
         ("CLAIM_SPLIT", CLAIM_SPLIT),
+        ("NEXT_DUE", NEXT_DUE),
         ("RENEW", RENEW),
         ("COMPLETE_DELETE", COMPLETE_DELETE),
         ("COMPLETE_KEEP", COMPLETE_KEEP),

@@ -78,9 +78,13 @@ pub(super) async fn run(
             continue;
         }
         if !more {
+            // Idle: sleep until a notification, the next poll, or the moment the next
+            // scheduled job (a retry, a snooze, a delayed enqueue) becomes due.
+            let due = next_due(&shared, &mut conn, &per_kind).await;
             tokio::select! {
                 _ = shared.wake.notified() => {}
                 _ = poll.tick() => {}
+                () = sleep_until_due(due) => {}
                 _ = stop.changed() => {}
             }
             more = true;
@@ -123,6 +127,48 @@ pub(super) async fn run(
                 }
             }
         }
+    }
+}
+
+/// How long until the next job of the kinds with free capacity becomes due, on the
+/// database clock; `None` if none is scheduled or the database does not answer (then
+/// the poll covers it).
+async fn next_due(
+    shared: &Shared,
+    conn: &mut Option<PoolConnection<Postgres>>,
+    per_kind: &[(&'static HandlerInfo, usize)],
+) -> Option<Duration> {
+    let kinds: Vec<&str> = per_kind
+        .iter()
+        .filter(|(_, free)| *free > 0)
+        .map(|(info, _)| info.kind)
+        .collect();
+    let query = async {
+        let c = match conn {
+            Some(c) => c,
+            None => conn.insert(shared.db.acquire().await?),
+        };
+        sqlx::query_scalar::<_, Option<f64>>(sql::NEXT_DUE)
+            .bind(&kinds)
+            .fetch_one(&mut **c)
+            .await
+    };
+    match super::answer_within(shared.answer_within, "the next due time", query).await {
+        Ok(seconds) => seconds.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0))),
+        Err(e) => {
+            *conn = None;
+            tracing::debug!(error = %e, "cannot read when the next job is due; polling");
+            None
+        }
+    }
+}
+
+/// Resolves when a job that was `due` from now becomes claimable (a millisecond past
+/// it, so the database's `now()` has passed it too); never when `due` is `None`.
+async fn sleep_until_due(due: Option<Duration>) {
+    match due {
+        Some(d) => tokio::time::sleep(d + Duration::from_millis(1)).await,
+        None => std::future::pending().await,
     }
 }
 
