@@ -172,6 +172,71 @@ async fn w1(n: u32, runs: usize) {
     report("W1 enqueue, bulk 1000 per call", "jobs/s", bulk, &[]);
 }
 
+/// How many producers W1m runs at once.
+const PRODUCERS: usize = 8;
+
+/// W1m: `PRODUCERS` concurrent producers, each on a held connection, each enqueueing one
+/// job at a time for a few seconds; beside it, the same number of clients inserting raw
+/// rows (the ceiling: a plain `INSERT`, no notification, no coalescing).
+async fn w1m(runs: usize) {
+    const SECONDS: f64 = 4.0;
+    let mut jobs_rate = Vec::new();
+    let mut raw_rate = Vec::new();
+    for _ in 0..runs {
+        for raw in [false, true] {
+            let pool = fresh_database(PRODUCERS as u32 + 2).await;
+            let until = Instant::now() + Duration::from_secs_f64(SECONDS);
+            let producers: Vec<_> = (0..PRODUCERS)
+                .map(|_| {
+                    let pool = pool.clone();
+                    tokio::spawn(async move {
+                        let mut conn = pool.acquire().await.unwrap();
+                        let mut n = 0u64;
+                        while Instant::now() < until {
+                            if raw {
+                                sqlx::query(
+                                    "INSERT INTO jobs (kind, payload, max_attempts) VALUES ('bench.noop', '{\"seq\": 0}', 20)",
+                                )
+                                .execute(&mut *conn)
+                                .await
+                                .unwrap();
+                            } else {
+                                Noop { seq: 0 }.enqueue(&mut *conn).await.unwrap();
+                            }
+                            n += 1;
+                        }
+                        n
+                    })
+                })
+                .collect();
+            let mut total = 0;
+            for p in producers {
+                total += p.await.unwrap();
+            }
+            let rate = total as f64 / SECONDS;
+            if raw {
+                raw_rate.push(rate);
+            } else {
+                jobs_rate.push(rate);
+            }
+            pool.close().await;
+        }
+    }
+    let ceiling = median(raw_rate.clone());
+    report(
+        &format!("W1m enqueue, {PRODUCERS} producers, one at a time"),
+        "jobs/s",
+        jobs_rate.clone(),
+        &[("ratio_to_raw", median(jobs_rate.clone()) / ceiling)],
+    );
+    report(
+        &format!("W1m raw INSERT, {PRODUCERS} clients (ceiling)"),
+        "rows/s",
+        raw_rate,
+        &[],
+    );
+}
+
 /// Runs one runtime until `n` jobs are done and the table has no live job.
 async fn drain(pool: &PgPool, n: u32, concurrency: usize) -> (f64, f64) {
     DONE.store(0, Ordering::SeqCst);
@@ -410,7 +475,7 @@ async fn main() {
         }
     }
     if workloads.is_empty() {
-        workloads = ["w1", "w2", "w3", "w4", "w5", "w6"]
+        workloads = ["w1", "w1m", "w2", "w3", "w4", "w5", "w6"]
             .map(String::from)
             .to_vec();
     }
@@ -424,6 +489,7 @@ async fn main() {
             "w4" => w2(n, runs, true, &[10, 100]).await,
             "w5" => w5(n, runs).await,
             "w6" => w6(runs).await,
+            "w1m" => w1m(runs).await,
             other => panic!("unknown workload {other}: expected w1..w5"),
         }
     }

@@ -407,6 +407,9 @@ async fn one_notification_per_kind_per_transaction(pool: PgPool) {
         )
         .unwrap();
     batch.enqueue(&pool).await.unwrap();
+    // One process sends at most one notification per kind every 5 ms: wait that out,
+    // so the transaction below sends its own.
+    tokio::time::sleep(Duration::from_millis(20)).await;
 
     let mut tx = pool.begin().await.unwrap();
     for n in 0..20 {

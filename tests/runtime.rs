@@ -428,6 +428,29 @@ async fn due(job: Due, ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
+// A producer notifies at most once per kind every few milliseconds; an idle runtime
+// woken by a notification claims once more shortly after, and finds the jobs whose
+// enqueue sent none.
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn jobs_enqueued_right_after_a_notified_one_start_without_a_poll(pool: PgPool) {
+    setup(&pool).await;
+    let rt = Running::start(runtime(&pool, &["rt.typed"]).poll_interval(Duration::from_secs(3600)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for count in 1..=5 {
+        // Back to back: the first notifies, the rest fall within its window.
+        Typed { count }.enqueue(&pool).await.unwrap();
+    }
+    wait_until("all five ran without a poll", || async {
+        common::live(&pool).await == 0
+    })
+    .await;
+    rt.stop().await;
+    for count in 1..=5 {
+        assert_eq!(runs(&pool, &format!("typed {count}")).await, 1);
+    }
+}
+
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn scheduled_jobs_and_retries_start_when_due_without_a_poll(pool: PgPool) {
     setup(&pool).await;

@@ -6,7 +6,8 @@
 
 /// Inserts one job, or coalesces it into the live job of its key.
 ///
-/// `$1` kind, `$2` key, `$3` payload (JSON text), `$4` max_attempts, `$5` delay in ms.
+/// `$1` kind, `$2` key, `$3` payload (JSON text), `$4` max_attempts, `$5` delay in ms,
+/// `$6` whether to notify.
 /// Index: `jobs_live_key` is the arbiter of `ON CONFLICT` (the predicate is repeated so
 /// PostgreSQL can infer the partial index). Concurrent enqueues of one key serialize on
 /// that index entry: the second waits for the first to commit and then updates its row,
@@ -16,7 +17,10 @@
 /// and gets its fresh budget when its claim ends. One notification when the job is
 /// pending, claimable now or later (an idle runtime then learns when it becomes due,
 /// [`NEXT_DUE`]), delivered at commit (PostgreSQL folds identical notifications of one
-/// transaction into one).
+/// transaction into one), unless `$6` is false: a notification takes a database-wide
+/// lock held through the commit, so the caller sends at most one per kind every few
+/// milliseconds (`enqueue::notify_now`), and concurrent producers' commits are not
+/// serialized on it.
 pub(crate) const ENQUEUE_ONE: &str = r#"
 WITH ins AS (
     INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
@@ -33,14 +37,15 @@ SELECT id, inserted, state
 FROM ins
 CROSS JOIN LATERAL (
     SELECT count(*) AS notified
-    FROM (SELECT pg_notify('jobs', ins.kind) WHERE ins.state = 'pending') n
+    FROM (SELECT pg_notify('jobs', ins.kind) WHERE $6 AND ins.state = 'pending') n
 ) notify
 "#;
 
 /// Inserts many jobs in one statement; the caller has merged jobs of one key already
 /// (one statement may not update one row twice).
 ///
-/// `$1..$5` are arrays of kind, key, payload, max_attempts, delay_ms. Rows are fed in
+/// `$1..$5` are arrays of kind, key, payload, max_attempts, delay_ms; `$6` the kinds to
+/// notify (see [`ENQUEUE_ONE`]). Rows are fed in
 /// array order, and the caller sorts keyed rows by `(kind, key)`: every batch then
 /// takes its row locks (and waits for another inserter of the same key) in one global
 /// order, so two batches of overlapping keys never deadlock. The ids of inserted rows
@@ -65,7 +70,7 @@ WITH ins AS (
 ),
 notify AS (
     SELECT count(pg_notify('jobs', k.kind)) AS notified
-    FROM (SELECT DISTINCT kind FROM ins WHERE state = 'pending') k
+    FROM (SELECT DISTINCT kind FROM ins WHERE state = 'pending' AND kind = ANY($6)) k
 )
 SELECT ins.id, ins.kind, ins.key, ins.inserted, ins.state
 FROM ins CROSS JOIN notify

@@ -20,6 +20,10 @@ use crate::sql;
 /// that claims come in batches.
 const BATCH_WINDOW: Duration = Duration::from_millis(2);
 
+/// How soon after a wake-up an idle runtime claims once more: twice the window in which
+/// a producer sends at most one notification per kind (`enqueue::NOTIFY_EVERY`).
+const FOLLOW_UP: Duration = Duration::from_millis(10);
+
 type ClaimRow = (i64, String, i32, i32, Uuid, String, Option<f64>);
 
 /// The running executors. Owned by the runtime, not by the producer: if the producer
@@ -55,6 +59,8 @@ pub(super) async fn run(
     let mut conn: Option<PoolConnection<Postgres>> = None;
     // Whether this round already waited for slots to free (it waits once, then claims).
     let mut batch_window_used = false;
+    // Whether the last wake-up was a signal: then one more claim follows shortly.
+    let mut follow_up = false;
 
     loop {
         if *stop.borrow() {
@@ -79,14 +85,19 @@ pub(super) async fn run(
         }
         if !more {
             // Idle: sleep until a notification, the next poll, or the moment the next
-            // scheduled job (a retry, a snooze, a delayed enqueue) becomes due.
+            // scheduled job (a retry, a snooze, a delayed enqueue) becomes due; and,
+            // right after a wake-up, claim once more a moment later: producers send one
+            // notification per kind every few milliseconds, so jobs committed just after
+            // the notified one may have sent none.
             let due = next_due(&shared, &mut conn, &per_kind).await;
-            tokio::select! {
-                _ = shared.wake.notified() => {}
-                _ = poll.tick() => {}
-                () = sleep_until_due(due) => {}
-                _ = stop.changed() => {}
-            }
+            let signalled = tokio::select! {
+                _ = shared.wake.notified() => true,
+                _ = poll.tick() => false,
+                () = sleep_until_due(due) => false,
+                () = sleep_if(follow_up, FOLLOW_UP) => false,
+                _ = stop.changed() => false,
+            };
+            follow_up = signalled;
             more = true;
             continue;
         }
@@ -160,6 +171,15 @@ async fn next_due(
             tracing::debug!(error = %e, "cannot read when the next job is due; polling");
             None
         }
+    }
+}
+
+/// Resolves after `wait` if `on`; never otherwise.
+async fn sleep_if(on: bool, wait: Duration) {
+    if on {
+        tokio::time::sleep(wait).await;
+    } else {
+        std::future::pending::<()>().await;
     }
 }
 
