@@ -179,6 +179,13 @@ const PRODUCERS: usize = 8;
 /// job at a time for a few seconds; beside it, the same number of clients inserting raw
 /// rows (the ceiling: a plain `INSERT`, no notification, no coalescing).
 async fn w1m(runs: usize) {
+    w1m_with(runs, 1).await;
+    w1m_with(runs, 100).await;
+}
+
+/// W1m with `per` jobs per enqueue (one job, or an `EnqueueBatch` of `per`) against raw
+/// inserts of `per` rows per statement.
+async fn w1m_with(runs: usize, per: usize) {
     const SECONDS: f64 = 4.0;
     let mut jobs_rate = Vec::new();
     let mut raw_rate = Vec::new();
@@ -193,17 +200,36 @@ async fn w1m(runs: usize) {
                         let mut conn = pool.acquire().await.unwrap();
                         let mut n = 0u64;
                         while Instant::now() < until {
-                            if raw {
-                                sqlx::query(
-                                    "INSERT INTO jobs (kind, payload, max_attempts) VALUES ('bench.noop', '{\"seq\": 0}', 20)",
-                                )
-                                .execute(&mut *conn)
-                                .await
-                                .unwrap();
-                            } else {
-                                Noop { seq: 0 }.enqueue(&mut *conn).await.unwrap();
+                            match (raw, per) {
+                                (true, 1) => {
+                                    sqlx::query(
+                                        "INSERT INTO jobs (kind, payload, max_attempts) VALUES ('bench.noop', '{\"seq\": 0}', 20)",
+                                    )
+                                    .execute(&mut *conn)
+                                    .await
+                                    .unwrap();
+                                }
+                                (true, _) => {
+                                    sqlx::query(
+                                        "INSERT INTO jobs (kind, payload, max_attempts) SELECT 'bench.noop', '{\"seq\": 0}', 20 FROM generate_series(1, $1)",
+                                    )
+                                    .bind(per as i32)
+                                    .execute(&mut *conn)
+                                    .await
+                                    .unwrap();
+                                }
+                                (false, 1) => {
+                                    Noop { seq: 0 }.enqueue(&mut *conn).await.unwrap();
+                                }
+                                (false, _) => {
+                                    let mut batch = EnqueueBatch::new();
+                                    for seq in 0..per as u32 {
+                                        batch.push(&Noop { seq }).unwrap();
+                                    }
+                                    batch.enqueue(&mut *conn).await.unwrap();
+                                }
                             }
-                            n += 1;
+                            n += per as u64;
                         }
                         n
                     })
@@ -224,13 +250,13 @@ async fn w1m(runs: usize) {
     }
     let ceiling = median(raw_rate.clone());
     report(
-        &format!("W1m enqueue, {PRODUCERS} producers, one at a time"),
+        &format!("W1m enqueue, {PRODUCERS} producers, {per} per call"),
         "jobs/s",
         jobs_rate.clone(),
         &[("ratio_to_raw", median(jobs_rate.clone()) / ceiling)],
     );
     report(
-        &format!("W1m raw INSERT, {PRODUCERS} clients (ceiling)"),
+        &format!("W1m raw INSERT, {PRODUCERS} clients, {per} rows (ceiling)"),
         "rows/s",
         raw_rate,
         &[],
