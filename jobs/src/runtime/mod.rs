@@ -24,7 +24,6 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::context::Inner;
-use crate::enqueue::millis;
 use crate::error::Error;
 use crate::registry::{self, HandlerInfo};
 
@@ -110,12 +109,11 @@ impl Runtime {
         self
     }
 
-    /// How long one of the runtime's own statements (a claim, a completion, a failure,
-    /// a rescue) may take before it is abandoned and retried on a fresh connection
-    /// (default 30s): the server cancels it after this long (`statement_timeout` on the
-    /// runtime's connections, which only the runtime uses), and the runtime gives up
-    /// waiting a little later, so that a connection that died silently cannot stall a
-    /// part of the runtime. Handlers' statements, on your pool, are not affected.
+    /// How long the runtime waits for one of its own statements (a claim, a completion,
+    /// a failure, a rescue) to answer before it abandons it and its connection and
+    /// retries on a fresh one (default 30s), so that a connection that died silently
+    /// cannot stall a part of the runtime. Handlers' statements, on your pool, are not
+    /// affected.
     pub fn statement_timeout(mut self, d: Duration) -> Self {
         self.statement_timeout = d.max(Duration::from_millis(100));
         self
@@ -188,10 +186,9 @@ impl Runtime {
             .clone()
             .max_connections(RUNTIME_CONNECTIONS - 1) // the heartbeat has its own
             .min_connections(0)
-            .connect_lazy_with((*self.pool.connect_options()).clone().options([(
-                "statement_timeout",
-                millis(self.statement_timeout).to_string(),
-            )]));
+            // No server-side `statement_timeout` startup option: PgBouncer refuses the
+            // `options` startup parameter. The time limit is the runtime's own.
+            .connect_lazy_with((*self.pool.connect_options()).clone());
 
         // The job table must be there, at this library's version: say so at once
         // rather than retry forever. An unreachable database is waited out.
@@ -231,9 +228,7 @@ impl Runtime {
             handlers,
             concurrency: self.concurrency,
             poll_interval: self.poll_interval,
-            // The server cancels a statement at `statement_timeout`; a connection that
-            // died silently never answers, so the runtime stops waiting a little later.
-            answer_within: self.statement_timeout + Duration::from_secs(5),
+            answer_within: self.statement_timeout,
             running: Mutex::new(Running::default()),
             slot_freed: Notify::new(),
             wake: wake.clone(),
@@ -249,7 +244,7 @@ impl Runtime {
             completions_rx,
             flights,
             wake.clone(),
-            self.statement_timeout + Duration::from_secs(5),
+            self.statement_timeout,
         ));
         #[allow(unused_mut)]
         let mut background = vec![
