@@ -42,11 +42,12 @@ async fn application_first_then_jobs(pool: PgPool) {
     jobs::migrate(&pool).await.unwrap();
     app.run(&pool).await.unwrap();
     jobs::migrate(&pool).await.unwrap();
-    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM _jobs_migrations")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(versions, [1]);
+    let versions: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _jobs_migrations ORDER BY version")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(versions, [1, 2]);
 }
 
 #[sqlx::test(migrations = false)]
@@ -62,7 +63,11 @@ async fn concurrent_migrations_do_not_race(pool: PgPool) {
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(applied, 1);
+    assert_eq!(
+        applied,
+        jobs::MIGRATOR.iter().count() as i64,
+        "each migration applied once"
+    );
 }
 
 // ---------------------------------------------------------------------------------
@@ -145,4 +150,46 @@ fn database_errors_do_not_carry_postgres_source_lines() {
         let err = jobs::Error::from(e);
         assert_eq!(err.to_string(), "database error: division by zero");
     });
+}
+
+#[sqlx::test(migrations = false)]
+async fn migration_2_ends_the_unbounded_claims_of_the_old_transaction_mode(pool: PgPool) {
+    // The database as the earlier version left it: migration 1 only, and a job stuck
+    // running with a claim that never expires.
+    let mut conn = pool.acquire().await.unwrap();
+    let first = jobs::MIGRATOR
+        .iter()
+        .next()
+        .unwrap()
+        .sql
+        .as_str()
+        .to_owned();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(first))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let stuck: i64 = sqlx::query_scalar(
+        "INSERT INTO jobs (kind, payload, max_attempts, state, attempts, claimed_by, claimed_until)
+         VALUES ('old.tx', '{}', 3, 'running', 1, gen_random_uuid(), 'infinity') RETURNING id",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let sql = jobs::MIGRATOR
+        .iter()
+        .find(|m| m.version == 2)
+        .unwrap()
+        .sql
+        .as_str()
+        .to_owned();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let expired: bool = sqlx::query_scalar("SELECT claimed_until <= now() FROM jobs WHERE id = $1")
+        .bind(stuck)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert!(expired, "the rescuer can take it back now");
 }

@@ -296,7 +296,10 @@ async fn migrate_creates_the_job_table(pool: PgPool) {
 
     let out = jobs(&url, &["migrate"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(stdout(&out), "applied migration 1 (create jobs)\n");
+    assert_eq!(
+        stdout(&out),
+        "applied migration 1 (create jobs), 2 (end unbounded claims)\n"
+    );
     let out = jobs(&url, &["migrate"]).await;
     assert_eq!(
         stdout(&out),

@@ -42,8 +42,8 @@ pub(crate) const STATEMENTS: &[(&str, &str)] = &[
 ];
 
 /// The columns of a [`JobRow`], in the order [`JobRow::from_row`] reads them. A claim
-/// in transaction mode ends at `infinity`, which chrono cannot hold: it is read as NULL
-/// plus a flag.
+/// that ends at `infinity` (the earlier transaction mode's; migration 2 ends those),
+/// which chrono cannot hold, is read as NULL plus a flag.
 macro_rules! job_columns {
     () => {
         "id, kind, key, state, attempts, max_attempts, run_after, last_error, payload, \
@@ -327,8 +327,9 @@ pub struct JobRow {
     pub created_at: DateTime<Utc>,
     /// When it became done or failed.
     pub finished_at: Option<DateTime<Utc>>,
-    /// The end of the current claim's lease, while running. A claim in transaction mode
-    /// (the row lock is the lease) has no end in time: [`DateTime::<Utc>::MAX_UTC`].
+    /// The end of the current claim's lease, while running. A claim without an end in
+    /// time (only the earlier transaction mode made them) reads as
+    /// [`DateTime::<Utc>::MAX_UTC`].
     pub claimed_until: Option<DateTime<Utc>>,
 }
 

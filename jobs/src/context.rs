@@ -390,7 +390,7 @@ impl DerefMut for FencedTx {
     }
 }
 
-/// The claim's transaction in transaction mode, lent to the handler; see [`JobContext::tx`].
+/// The handler's transaction in transaction mode; see [`JobContext::tx`].
 pub struct TxGuard<'a> {
     guard: MutexGuard<'a, TxSlot>,
 }
