@@ -89,13 +89,7 @@ pub(super) async fn run(
             // right after a wake-up, claim once more a moment later: producers send one
             // notification per kind every few milliseconds, so jobs committed just after
             // the notified one may have sent none.
-            // (While a follow-up is due, the next-due time waits for it: one round trip
-            // fewer per wake-up.)
-            let due = if follow_up {
-                None
-            } else {
-                next_due(&shared, &mut conn, &per_kind).await
-            };
+            let due = next_due(&shared, &mut conn, &per_kind).await;
             let signalled = tokio::select! {
                 _ = shared.wake.notified() => true,
                 _ = poll.tick() => false,
