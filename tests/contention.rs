@@ -7,7 +7,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{Running, runtime, wait_until};
+use common::{Running, record, runs, runtime, wait_until};
 use jobs::{EnqueueBatch, EnqueueOutcome, Job, JobContext, JobError};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -25,24 +25,6 @@ async fn setup(pool: &PgPool) {
         .execute(pool)
         .await
         .unwrap();
-}
-
-async fn record(ctx: &JobContext, note: &str) -> Result<(), JobError> {
-    sqlx::query("INSERT INTO runs (job_id, attempt, note) VALUES ($1, $2, $3)")
-        .bind(ctx.id())
-        .bind(ctx.attempt() as i32)
-        .bind(note)
-        .execute(ctx.pool())
-        .await?;
-    Ok(())
-}
-
-async fn runs(pool: &PgPool, note: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM runs WHERE note = $1")
-        .bind(note)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 /// The most runs any one job of `note` had.

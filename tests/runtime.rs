@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Running, count, runtime, wait_until};
+use common::{Running, count, record, runs, runtime, wait_until};
 use jobs::{EnqueueBatch, Job, JobContext, JobError, Runtime};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -29,16 +29,6 @@ async fn setup(pool: &PgPool) {
         .unwrap();
 }
 
-async fn record(ctx: &JobContext, note: &str) -> Result<(), JobError> {
-    sqlx::query("INSERT INTO runs (job_id, attempt, note) VALUES ($1, $2, $3)")
-        .bind(ctx.id())
-        .bind(ctx.attempt() as i32)
-        .bind(note)
-        .execute(ctx.pool())
-        .await?;
-    Ok(())
-}
-
 /// Writes this attempt's result through a fenced transaction: committed together with
 /// the job's completion, or refused if the claim is gone.
 async fn write_result(ctx: &JobContext) -> Result<(), JobError> {
@@ -49,14 +39,6 @@ async fn write_result(ctx: &JobContext) -> Result<(), JobError> {
         .execute(&mut *tx)
         .await?;
     tx.commit().await
-}
-
-async fn runs(pool: &PgPool, note: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM runs WHERE note = $1")
-        .bind(note)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 // ---------------------------------------------------------------------------------

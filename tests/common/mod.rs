@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs::Runtime;
+use jobs::{JobContext, JobError, Runtime};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
@@ -91,4 +91,24 @@ pub fn runtime(pool: &PgPool, kinds: &[&str]) -> Runtime {
         .poll_interval(Duration::from_millis(50))
         .rescue_interval(Duration::from_millis(50))
         .shutdown_grace(Duration::from_secs(5))
+}
+
+/// Records a run of a handler in the test's `runs (job_id, attempt, note)` table.
+pub async fn record(ctx: &JobContext, note: &str) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO runs (job_id, attempt, note) VALUES ($1, $2, $3)")
+        .bind(ctx.id())
+        .bind(ctx.attempt() as i32)
+        .bind(note)
+        .execute(ctx.pool())
+        .await?;
+    Ok(())
+}
+
+/// How many runs were recorded with `note`.
+pub async fn runs(pool: &PgPool, note: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM runs WHERE note = $1")
+        .bind(note)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
