@@ -75,6 +75,9 @@ pub(crate) struct Inner {
     pub fence_dropped: AtomicBool,
     /// A fenced transaction committed the completion: the runtime writes nothing more.
     pub completed: AtomicBool,
+    /// The handler has returned: its outcome is being written. A claim found gone then
+    /// is the outcome's business (written, or refused and reported), not a lost lease.
+    pub finished: AtomicBool,
     /// Transaction mode: the handler's transaction, opened at its first use.
     pub tx: Option<Mutex<TxSlot>>,
 }

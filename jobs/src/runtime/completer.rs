@@ -184,8 +184,10 @@ pub(crate) async fn run(
             let result = super::answer_within(answer_within, "the completion", write).await;
             match result {
                 Ok(written) => {
+                    // A re-armed, re-run or refused job may be claimable now; a
+                    // completion that only waits for a locked row is not news.
                     if batch.iter().any(|c| c.keep || c.every_ms.is_some())
-                        || written.done.len() < batch.len()
+                        || written.done.len() + written.locked.len() < batch.len()
                     {
                         wake.notify_one();
                     }

@@ -84,6 +84,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
         fenced: AtomicBool::new(false),
         fence_dropped: AtomicBool::new(false),
         completed: AtomicBool::new(false),
+        finished: AtomicBool::new(false),
         tx: transaction_mode.then(|| Mutex::new(TxSlot::Unopened)),
     });
     // The claim is renewed from here until its outcome is written (by this executor,
@@ -104,6 +105,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     let started = Instant::now();
     let payload = std::mem::take(&mut job.payload);
     let mut outcome = run_handler(&shared, handler, payload, ctx.clone()).await;
+    inner.finished.store(true, Ordering::Release);
     if transaction_mode {
         outcome = commit_transaction(&inner, outcome).await;
     } else if matches!(outcome, Outcome::Succeeded)

@@ -7,6 +7,7 @@
 //! else's.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -155,12 +156,12 @@ async fn run(beat: &Beat) {
                             job.id = flight.ctx.id,
                             "lease not renewed: the job's row is locked"
                         );
-                    } else if !flight
-                        .ctx
-                        .completed
-                        .load(std::sync::atomic::Ordering::Acquire)
-                        && !flight.ctx.fenced.load(std::sync::atomic::Ordering::Acquire)
+                    } else if !flight.ctx.finished.load(Ordering::Acquire)
+                        && !flight.ctx.completed.load(Ordering::Acquire)
+                        && !flight.ctx.fenced.load(Ordering::Acquire)
                     {
+                        // (A finished claim found gone was just completed, or its
+                        // outcome will be refused and reported by whoever writes it.)
                         tracing::warn!(
                             job.id = flight.ctx.id,
                             job.kind = flight.ctx.kind,
