@@ -985,3 +985,115 @@ async fn large_payload_and_unusual_kind_run(pool: PgPool) {
     assert_eq!(runs(&pool, "odd 5").await, 1);
     assert_eq!(job_row(&pool, id).await.0, "done");
 }
+
+// ---------------------------------------------------------------------------------
+// Claims taken ahead of free slots: concurrency holds, and shutdown hands them back
+// unstarted, their attempt not counted.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.ahead")]
+struct Ahead {
+    block: bool,
+}
+
+static AHEAD_RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static AHEAD_MAX: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static AHEAD_RELEASE: AtomicBool = AtomicBool::new(false);
+
+#[jobs::handler]
+async fn ahead(job: Ahead, ctx: JobContext) -> Result<(), JobError> {
+    let now = AHEAD_RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+    AHEAD_MAX.fetch_max(now, Ordering::SeqCst);
+    let note = if job.block { "ahead-block" } else { "ahead" };
+    let result = record(&ctx, note).await;
+    while job.block && !AHEAD_RELEASE.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    AHEAD_RUNNING.fetch_sub(1, Ordering::SeqCst);
+    result
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn claims_taken_ahead_respect_concurrency_and_are_handed_back_at_shutdown(pool: PgPool) {
+    setup(&pool).await;
+    // Fast jobs first, so that the runtime measures a rate and claims ahead; then one
+    // that blocks its only slot while the claims behind it wait.
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..3_000 {
+        batch.push(&Ahead { block: false }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    Ahead { block: true }.enqueue(&pool).await.unwrap();
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..500 {
+        batch.push(&Ahead { block: false }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+
+    let rt = Running::start(runtime(&pool, &["rt.ahead"]).concurrency(1));
+    wait_until("the blocking job started", || async {
+        runs(&pool, "ahead-block").await == 1
+    })
+    .await;
+    wait_until("claims taken ahead of the busy slot", || async {
+        count(&pool, "running").await > 1
+    })
+    .await;
+    let ahead: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM jobs WHERE state = 'running' \
+         AND id NOT IN (SELECT job_id FROM runs WHERE note = 'ahead-block')",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(!ahead.is_empty());
+
+    // Shut down while the slot is busy: the claims ahead go back at once, unstarted.
+    let stopping = tokio::spawn(rt.stop());
+    wait_until("the claims ahead handed back", || async {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE id = ANY($1) AND state = 'running'",
+        )
+        .bind(&ahead)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        left == 0
+    })
+    .await;
+    AHEAD_RELEASE.store(true, Ordering::SeqCst);
+    stopping.await.unwrap();
+
+    assert_eq!(AHEAD_MAX.load(Ordering::SeqCst), 1, "one handler at a time");
+    let (pending, attempts, ran): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), coalesce(sum(attempts), 0), \
+                (SELECT count(*) FROM runs WHERE job_id = ANY($1)) \
+         FROM jobs WHERE id = ANY($1) AND state = 'pending'",
+    )
+    .bind(&ahead)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        pending,
+        ahead.len() as i64,
+        "every claim ahead is pending again"
+    );
+    assert_eq!(
+        attempts, 0,
+        "a claim handed back unstarted counts no attempt"
+    );
+    assert_eq!(ran, 0, "no claim ahead started after shutdown began");
+    assert_eq!(runs(&pool, "ahead-block").await, 1);
+    let (total_runs, distinct): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT job_id) FROM runs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(total_runs, distinct, "no job ran twice");
+    assert_eq!(
+        total_runs + common::live(&pool).await,
+        3_501,
+        "every job ran or is pending"
+    );
+}

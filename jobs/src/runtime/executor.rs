@@ -102,6 +102,22 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
         inner: inner.clone(),
     };
 
+    // A claim taken ahead of a free slot waits here for one, its lease renewed
+    // meanwhile. If shutdown begins first it is handed back unstarted (its attempt
+    // not counted); if its lease is lost meanwhile it never starts.
+    let _slot = match slot(&shared, handler.kind, &inner).await {
+        Ok(slot) => slot,
+        Err(outcome) => {
+            inner.finished.store(true, Ordering::Release);
+            let label = outcome.label(&job);
+            tracing::Span::current().record("job.outcome", label);
+            observe::finished(&shared.counts, handler.kind, label, Duration::ZERO);
+            tracing::debug!(outcome = label, "claim ended before its handler started");
+            finish(&shared, &inner, job.claimed_at, outcome).await;
+            return;
+        }
+    };
+
     let started = Instant::now();
     let payload = std::mem::take(&mut job.payload);
     let mut outcome = run_handler(&shared, handler, payload, ctx.clone()).await;
@@ -140,6 +156,41 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     finish(&shared, &inner, job.claimed_at, outcome).await;
     if may_be_due {
         shared.wake.notify_one();
+    }
+}
+
+/// The permits a running handler holds: one of the runtime's slots, and one of its
+/// kind's when the kind has a concurrency of its own.
+type Slot = (
+    Option<tokio::sync::OwnedSemaphorePermit>,
+    tokio::sync::OwnedSemaphorePermit,
+);
+
+/// Waits for a free slot for a claim of `kind`, or for a reason not to run it.
+async fn slot(shared: &Shared, kind: &str, job: &Inner) -> Result<Slot, Outcome> {
+    let mut stopping = shared.stopping.clone();
+    let mut hard_stop = shared.hard_stop.clone();
+    let mut lost = job.lost.clone();
+    let acquire = async {
+        // The kind's permit first: a claim holding a runtime slot never waits for its
+        // kind's, so that other kinds' claims are not kept from running.
+        let own = match shared.kind_slots.get(kind) {
+            Some(s) => Some(s.clone().acquire_owned().await),
+            None => None,
+        };
+        let any = shared.slots.clone().acquire_owned().await;
+        (own, any)
+    };
+    tokio::select! {
+        biased;
+        _ = stopping.wait_for(|stop| *stop) => Err(Outcome::Stopped),
+        _ = hard_stop.wait_for(|stop| *stop) => Err(Outcome::Stopped),
+        _ = lost.wait_for(|lost| *lost) => Err(Outcome::LeaseLost),
+        (own, any) = acquire => match (own.transpose(), any) {
+            (Ok(own), Ok(any)) => Ok((own, any)),
+            // The semaphores are never closed.
+            _ => Err(Outcome::Stopped),
+        },
     }
 }
 

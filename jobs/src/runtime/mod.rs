@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::context::Inner;
@@ -84,6 +84,12 @@ impl Runtime {
 
     /// How many jobs run at once in this runtime, over all kinds (default 10). A kind's
     /// own `concurrency` caps it further.
+    ///
+    /// The runtime's speed does not follow this number: for a kind whose jobs are short
+    /// it claims ahead of its free slots (about 50 ms of the kind's recent work, at most
+    /// 500 claims), so that claims come in batches of hundreds. Those claims are leased
+    /// and renewed like running ones, start as slots free, and are handed back unstarted
+    /// at shutdown.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
         self
@@ -222,6 +228,13 @@ impl Runtime {
         let (stop_tx, stop_rx) = watch::channel(false);
         let (hard_tx, hard_rx) = watch::channel(false);
         let flights = Arc::new(Mutex::new(HashMap::new()));
+        let kind_slots = handlers
+            .values()
+            .filter_map(|h| {
+                let cap = h.config.concurrency? as usize;
+                (cap < self.concurrency).then(|| (h.kind, Arc::new(Semaphore::new(cap))))
+            })
+            .collect();
         let shared = Arc::new(Shared {
             pool: self.pool.clone(),
             db: db.clone(),
@@ -229,7 +242,10 @@ impl Runtime {
             concurrency: self.concurrency,
             poll_interval: self.poll_interval,
             answer_within: self.statement_timeout,
-            running: Mutex::new(Running::default()),
+            held: Mutex::new(Held::default()),
+            slots: Arc::new(Semaphore::new(self.concurrency)),
+            kind_slots,
+            stopping: stop_rx.clone(),
             slot_freed: Notify::new(),
             wake: wake.clone(),
             flights: flights.clone(),
@@ -528,8 +544,15 @@ pub(crate) struct Shared {
     poll_interval: Duration,
     /// How long the runtime waits for one of its statements to answer.
     answer_within: Duration,
-    running: Mutex<Running>,
-    /// A handler finished: capacity is free again.
+    /// The claims this runtime holds: running, or claimed ahead of a free slot.
+    held: Mutex<Held>,
+    /// One permit per handler that may run at once.
+    slots: Arc<Semaphore>,
+    /// The same, for kinds whose own `concurrency` is below the runtime's.
+    kind_slots: HashMap<&'static str, Arc<Semaphore>>,
+    /// Turns true when shutdown begins: claims not yet started are handed back.
+    stopping: watch::Receiver<bool>,
+    /// A claim ended: capacity is free again.
     slot_freed: Notify,
     /// Work may be claimable: a notification arrived or claims were rescued.
     wake: Arc<Notify>,
@@ -544,11 +567,13 @@ pub(crate) struct Shared {
     counts: observe::Counts,
 }
 
-/// How many jobs run, in all and per kind.
+/// How many claims a runtime holds (running, or waiting for a slot), in all and per
+/// kind, and how many have ended per kind (the producer reads each kind's rate there).
 #[derive(Default)]
-struct Running {
+struct Held {
     total: usize,
     per_kind: HashMap<&'static str, usize>,
+    ended: HashMap<&'static str, u64>,
 }
 
 /// A claim under a heartbeat lease.
@@ -560,35 +585,47 @@ pub(crate) struct Flight {
 }
 
 impl Shared {
-    /// Free capacity per kind, within the overall free capacity.
-    fn free(&self) -> (usize, Vec<(&'static HandlerInfo, usize)>) {
-        let running = self.running.lock().expect("lock poisoned");
-        let total_free = self.concurrency.saturating_sub(running.total);
+    /// Free capacity for claims, in all and per kind: a kind may hold its concurrency
+    /// plus what it claims `ahead` of a free slot.
+    fn free(
+        &self,
+        ahead: &HashMap<&'static str, usize>,
+    ) -> (usize, Vec<(&'static HandlerInfo, usize)>) {
+        let held = self.held.lock().expect("lock poisoned");
+        let total_ahead: usize = ahead.values().sum();
+        let total_free = (self.concurrency + total_ahead).saturating_sub(held.total);
         let per_kind = self
             .handlers
             .values()
             .map(|h| {
                 let cap = h.config.concurrency.map_or(usize::MAX, |c| c as usize);
-                let used = running.per_kind.get(h.kind).copied().unwrap_or(0);
+                let cap = cap.min(self.concurrency) + ahead.get(h.kind).copied().unwrap_or(0);
+                let used = held.per_kind.get(h.kind).copied().unwrap_or(0);
                 (*h, cap.saturating_sub(used).min(total_free))
             })
             .collect();
         (total_free, per_kind)
     }
 
+    /// How many claims have ended so far, per kind.
+    fn ended(&self) -> HashMap<&'static str, u64> {
+        self.held.lock().expect("lock poisoned").ended.clone()
+    }
+
     fn take_slot(&self, kind: &'static str) {
-        let mut running = self.running.lock().expect("lock poisoned");
-        running.total += 1;
-        *running.per_kind.entry(kind).or_default() += 1;
+        let mut held = self.held.lock().expect("lock poisoned");
+        held.total += 1;
+        *held.per_kind.entry(kind).or_default() += 1;
     }
 
     fn give_slot(&self, kind: &'static str) {
         {
-            let mut running = self.running.lock().expect("lock poisoned");
-            running.total = running.total.saturating_sub(1);
-            if let Some(n) = running.per_kind.get_mut(kind) {
+            let mut held = self.held.lock().expect("lock poisoned");
+            held.total = held.total.saturating_sub(1);
+            if let Some(n) = held.per_kind.get_mut(kind) {
                 *n = n.saturating_sub(1);
             }
+            *held.ended.entry(kind).or_default() += 1;
         }
         self.slot_freed.notify_one();
     }

@@ -1,5 +1,6 @@
 //! The producer: claims jobs up to free capacity and starts an executor for each.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,18 @@ const BATCH_WINDOW: Duration = Duration::from_millis(2);
 /// How soon after a wake-up an idle runtime claims once more: twice the window in which
 /// a producer sends at most one notification per kind (`enqueue::NOTIFY_EVERY`).
 const FOLLOW_UP: Duration = Duration::from_millis(10);
+
+/// How much work a kind claims ahead of its free slots: what its handlers finish in this
+/// long at their recent rate. Short jobs come in claims of hundreds however low the
+/// concurrency; a kind whose jobs take longer than this claims nothing ahead, so that
+/// claims never wait long in one runtime while another has free slots.
+const AHEAD_FOR: Duration = Duration::from_millis(50);
+
+/// At most this many claims held ahead of free slots, over all kinds.
+const MAX_AHEAD: usize = 500;
+
+/// How often the rates behind the claim-ahead are measured.
+const RATE_EVERY: Duration = Duration::from_millis(100);
 
 type ClaimRow = (i64, String, i32, i32, Uuid, String, Option<f64>);
 
@@ -61,6 +74,7 @@ pub(super) async fn run(
     let mut batch_window_used = false;
     // Whether the last wake-up was a signal: then one more claim follows shortly.
     let mut follow_up = false;
+    let mut rates = Rates::new(&shared);
 
     loop {
         if *stop.borrow() {
@@ -75,7 +89,8 @@ pub(super) async fn run(
             armed_at = Some(Instant::now());
         }
 
-        let (total_free, per_kind) = shared.free();
+        rates.measure(&shared);
+        let (total_free, per_kind) = shared.free(&rates.ahead);
         if total_free == 0 || per_kind.iter().all(|(_, n)| *n == 0) {
             tokio::select! {
                 _ = shared.slot_freed.notified() => {}
@@ -102,15 +117,22 @@ pub(super) async fn run(
             continue;
         }
 
-        // Work is waiting but some slots are busy: give running handlers a moment to
+        // Work is waiting but some capacity is taken: give running handlers a moment to
         // free the rest, so that one claim fetches a full batch instead of a job or two
         // (W2 in BENCHMARKS.md: at concurrency 100, claims of about 50 drained 33k
         // jobs/s, full claims 44k). Short handlers free their slots within the window;
-        // long ones cost at most the window per claim.
-        if total_free < shared.concurrency && !batch_window_used {
+        // long ones cost at most the window per claim. With claims held ahead, the
+        // claim tops them up once half are gone, before the handlers run dry.
+        let capacity = shared.concurrency + rates.total_ahead();
+        let target = if rates.total_ahead() > 0 {
+            capacity / 2
+        } else {
+            shared.concurrency
+        };
+        if total_free < target && !batch_window_used {
             batch_window_used = true;
             let _ = tokio::time::timeout(BATCH_WINDOW, async {
-                while shared.free().0 < shared.concurrency {
+                while shared.free(&rates.ahead).0 < target {
                     shared.slot_freed.notified().await;
                 }
             })
@@ -138,6 +160,63 @@ pub(super) async fn run(
                 }
             }
         }
+    }
+}
+
+/// Each kind's recent rate of ended claims, and what it may claim ahead of its free
+/// slots accordingly (`AHEAD_FOR` of work, `MAX_AHEAD` in all).
+struct Rates {
+    at: Instant,
+    ended: HashMap<&'static str, u64>,
+    /// Claims ended per second, smoothed over the last few measurements.
+    rate: HashMap<&'static str, f64>,
+    pub ahead: HashMap<&'static str, usize>,
+}
+
+impl Rates {
+    fn new(shared: &Shared) -> Self {
+        Rates {
+            at: Instant::now(),
+            ended: shared.ended(),
+            rate: HashMap::new(),
+            ahead: HashMap::new(),
+        }
+    }
+
+    fn total_ahead(&self) -> usize {
+        self.ahead.values().sum()
+    }
+
+    /// Measures the rates again if `RATE_EVERY` has passed.
+    fn measure(&mut self, shared: &Shared) {
+        let elapsed = self.at.elapsed();
+        if elapsed < RATE_EVERY {
+            return;
+        }
+        let ended = shared.ended();
+        let mut wanted = Vec::new();
+        for (kind, n) in &ended {
+            let done = n - self.ended.get(kind).copied().unwrap_or(0);
+            let now = done as f64 / elapsed.as_secs_f64();
+            let rate = self.rate.entry(kind).or_insert(now);
+            *rate = (*rate + now) / 2.0;
+            wanted.push((*kind, (*rate * AHEAD_FOR.as_secs_f64()) as usize));
+        }
+        // Over the cap, every kind's share shrinks in proportion.
+        let sum: usize = wanted.iter().map(|(_, n)| n).sum();
+        self.ahead = wanted
+            .into_iter()
+            .map(|(kind, n)| {
+                let n = if sum > MAX_AHEAD {
+                    n * MAX_AHEAD / sum
+                } else {
+                    n
+                };
+                (kind, n)
+            })
+            .collect();
+        self.at = Instant::now();
+        self.ended = ended;
     }
 }
 
