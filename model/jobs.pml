@@ -8,10 +8,13 @@
  *
  * The lists below are read by tests/model.rs, which compares them with the
  * statements the crate declares (`jobs::__private::statements()`): a statement added
- * to the code must be added to one of these lists.
+ * to the code must be added to one of these lists. CLAIM_FROM and CLAIM_SPLIT_FROM are
+ * CLAIM and CLAIM_SPLIT over part of the kind's range: on the one row here they either
+ * act as CLAIM or find nothing, which is the step not taken; the runtime makes a full
+ * CLAIM at least once per poll interval, the fairness p2 relies on.
  */
 
-/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
+/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT CLAIM_FROM CLAIM_SPLIT_FROM RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
 /* statements read-only, not modelled: NEXT_DUE LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
 /* statements writing outside the modelled rows, not modelled: ARM_PERIODIC PRUNE_BATCH */
 

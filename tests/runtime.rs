@@ -324,8 +324,19 @@ async fn claim_reads_only_its_kinds_claimable_rows(pool: PgPool) {
     sqlx::query("ANALYZE jobs").execute(&pool).await.unwrap();
 
     // Both plans: sqlx caches the prepared claim, and PostgreSQL switches a cached
-    // statement to its generic plan, which cannot see the parameters' values.
-    for mode in ["force_custom_plan", "force_generic_plan"] {
+    // statement to its generic plan, which cannot see the parameters' values. Both
+    // claims: the full one, and the one from a floor (here a day ago).
+    let floor = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64())
+        - 86_400.0;
+    for (mode, statement) in [
+        ("force_custom_plan", jobs::__private::CLAIM_SQL),
+        ("force_generic_plan", jobs::__private::CLAIM_SQL),
+        ("force_custom_plan", jobs::__private::CLAIM_FROM_SQL),
+        ("force_generic_plan", jobs::__private::CLAIM_FROM_SQL),
+    ] {
         let mut tx = pool.begin().await.unwrap();
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "SET LOCAL plan_cache_mode = {mode}"
@@ -334,13 +345,13 @@ async fn claim_reads_only_its_kinds_claimable_rows(pool: PgPool) {
         .await
         .unwrap();
         let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
-            jobs::__private::CLAIM_SQL
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}"
         )))
         .bind(vec!["rt.count"])
         .bind(vec![10i32])
         .bind(vec![Some(30_000i64)])
         .bind(10i32)
+        .bind(vec![floor])
         .fetch_one(&mut *tx)
         .await
         .unwrap();
@@ -1096,4 +1107,135 @@ async fn claims_taken_ahead_respect_concurrency_and_are_handed_back_at_shutdown(
         3_501,
         "every job ran or is pending"
     );
+}
+
+// ---------------------------------------------------------------------------------
+// A held xmin horizon: claimed and finished rows leave index entries nobody may
+// remove. The claim from a floor starts past them; a full claim finds what lies behind.
+
+/// Blocks an `EXPLAIN (ANALYZE, BUFFERS)` of `statement` (a claim of 10) read.
+async fn claim_blocks(pool: &PgPool, statement: &str, floor: f64) -> (i64, i64) {
+    let mut tx = pool.begin().await.unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}"
+    )))
+    .bind(vec!["rt.count"])
+    .bind(vec![10i32])
+    .bind(vec![Some(30_000i64)])
+    .bind(10i32)
+    .bind(vec![floor])
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    let top = &plan[0]["Plan"];
+    (
+        top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap(),
+        top["Actual Rows"].as_i64().unwrap(),
+    )
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_claim_from_its_floor_skips_the_dead_entries_a_held_horizon_keeps(pool: PgPool) {
+    // A session holding an XID: no row version deleted after this may be removed, nor
+    // its index entries marked dead.
+    let mut holder = pool.acquire().await.unwrap();
+    sqlx::query("BEGIN").execute(&mut *holder).await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    // 50,000 jobs claimed and finished under the held horizon, then 20 due ones.
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, run_after) \
+         SELECT 'rt.count', '{\"n\":1}', 3, now() - interval '1 hour' + g * interval '1 millisecond' \
+         FROM generate_series(1, 50000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE jobs SET state = 'running'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM jobs")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts) SELECT 'rt.count', '{\"n\":1}', 3 FROM generate_series(1, 20)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let latest_finished: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - interval '1 hour' + 50000 * interval '1 millisecond')::float8",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+
+    let (full, full_rows) =
+        claim_blocks(&pool, jobs::__private::CLAIM_SQL, f64::NEG_INFINITY).await;
+    let (from, from_rows) =
+        claim_blocks(&pool, jobs::__private::CLAIM_FROM_SQL, latest_finished).await;
+    assert_eq!((full_rows, from_rows), (10, 10));
+    // The full claim walks every dead entry and visits its heap page; the one from the
+    // floor starts past them, and reads what a claim of 10 reads on a clean table
+    // (about 100 blocks: the scan, and the update of 10 rows and their index entries).
+    assert!(full > 1_000, "the full claim read {full} blocks");
+    assert!(from * 5 < full, "from the floor {from} blocks, full {full}");
+    sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.behind")]
+struct Behind {
+    n: u32,
+}
+
+#[jobs::handler]
+async fn behind(job: Behind, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, &format!("behind-{}", job.n)).await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_job_locked_while_claims_passed_it_still_runs(pool: PgPool) {
+    setup(&pool).await;
+    // Job 0 is due first, but the application holds its row while the runtime claims
+    // and runs jobs due after it, so the runtime's floor moves past it.
+    let first = Behind { n: 0 }.enqueue(&pool).await.unwrap().id;
+    let mut app = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(first)
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for n in 1..=20 {
+        Behind { n }.enqueue(&pool).await.unwrap();
+    }
+    let rt = Running::start(runtime(&pool, &["rt.behind"]));
+    wait_until("the jobs behind it ran", || async {
+        runs(&pool, "behind-20").await == 1
+    })
+    .await;
+    // Later jobs again, so that claims keep starting from a floor past job 0.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for n in 21..=40 {
+        Behind { n }.enqueue(&pool).await.unwrap();
+    }
+    wait_until("the later jobs ran", || async {
+        runs(&pool, "behind-40").await == 1
+    })
+    .await;
+    assert_eq!(runs(&pool, "behind-0").await, 0, "its row is held");
+    app.commit().await.unwrap();
+    // A full claim, at least once per poll interval, finds it.
+    wait_until("the job behind the floor ran", || async {
+        runs(&pool, "behind-0").await == 1
+    })
+    .await;
+    rt.stop().await;
 }

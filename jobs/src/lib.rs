@@ -427,6 +427,9 @@ pub mod __private {
     /// The claim over several kinds whose limits add up to more than it takes.
     pub const CLAIM_SPLIT_SQL: &str = crate::sql::CLAIM_SPLIT;
 
+    /// The claim that starts each kind's scan at a floor (`$5`, seconds since the epoch).
+    pub const CLAIM_FROM_SQL: &str = crate::sql::CLAIM_FROM;
+
     /// Every SQL statement the crate runs, by name, for tests that check them all.
     pub fn statements() -> Vec<(&'static str, &'static str)> {
         crate::sql::all()

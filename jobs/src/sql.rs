@@ -6,6 +6,12 @@
 
 /// Inserts one job, or coalesces it into the live job of its key.
 ///
+/// Its run-after counts from the statement's start, not the transaction's (`now()`):
+/// a job enqueued late in a long transaction is then not older, in claim order, than
+/// jobs committed while that transaction ran, and a claim that starts at its floor
+/// ([`CLAIM_FROM`]) finds it at once unless the transaction commits more than
+/// [`CLAIM_FLOOR_LAG`] after the enqueue.
+///
 /// `$1` kind, `$2` key, `$3` payload (JSON text), `$4` max_attempts, `$5` delay in ms,
 /// `$6` whether to notify.
 /// Index: `jobs_live_key` is the arbiter of `ON CONFLICT` (the predicate is repeated so
@@ -24,7 +30,7 @@
 pub(crate) const ENQUEUE_ONE: &str = r#"
 WITH ins AS (
     INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
-    VALUES ($1, $2, $3::jsonb, $4, now() + $5 * interval '1 millisecond')
+    VALUES ($1, $2, $3::jsonb, $4, statement_timestamp() + $5 * interval '1 millisecond')
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
         max_attempts = EXCLUDED.max_attempts,
@@ -56,7 +62,7 @@ pub(crate) const ENQUEUE_MANY: &str = r#"
 WITH ins AS (
     INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
     SELECT u.kind, u.key, u.payload::jsonb, u.max_attempts,
-           now() + u.delay_ms * interval '1 millisecond'
+           statement_timestamp() + u.delay_ms * interval '1 millisecond'
     FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[])
          WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, ord)
     ORDER BY u.ord
@@ -75,6 +81,111 @@ notify AS (
 SELECT ins.id, ins.kind, ins.key, ins.inserted, ins.state
 FROM ins CROSS JOIN notify
 "#;
+
+/// The text of [`CLAIM`] and [`CLAIM_FROM`]: `$floor` is empty for the first and, for
+/// the second, the condition that starts each kind's scan at its floor.
+macro_rules! claim {
+    ($floor:literal) => {
+        concat!(
+            r#"
+WITH wanted AS (
+    SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $5::float8[]) AS w(kind, n, lease_ms, floor_s)
+),
+picked AS MATERIALIZED (
+    SELECT c.id
+    FROM wanted w
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT id
+            FROM jobs
+            WHERE state = 'pending' AND kind = w.kind AND run_after <= now()"#,
+            $floor,
+            r#"
+            ORDER BY run_after, id
+            LIMIT w.n
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) one_kind
+        LIMIT 1000
+    ) c
+    LIMIT $4
+)
+UPDATE jobs j SET
+    state = 'running',
+    attempts = j.attempts + 1,
+    claimed_by = gen_random_uuid(),
+    claimed_until = now()
+        + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
+WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
+RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
+          extract(epoch FROM now() - j.run_after)::float8 AS waited,
+          extract(epoch FROM j.run_after)::float8 AS run_after
+"#
+        )
+    };
+}
+
+/// The text of [`CLAIM_SPLIT`] and [`CLAIM_SPLIT_FROM`], as [`claim!`].
+macro_rules! claim_split {
+    ($floor:literal, $share_floor:literal) => {
+        concat!(
+            r#"
+WITH wanted AS (
+    SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $5::float8[]) AS w(kind, n, lease_ms, floor_s)
+),
+top AS MATERIALIZED (
+    SELECT c.kind
+    FROM wanted w
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT kind, run_after, id
+            FROM jobs
+            WHERE state = 'pending' AND kind = w.kind AND run_after <= now()"#,
+            $floor,
+            r#"
+            ORDER BY run_after, id
+            LIMIT w.n
+        ) one_kind
+        LIMIT 1000
+    ) c
+    ORDER BY c.run_after, c.id
+    LIMIT $4
+),
+share AS (
+    SELECT w.kind, w.lease_ms, w.floor_s, count(t.kind) AS n
+    FROM wanted w LEFT JOIN top t ON t.kind = w.kind
+    GROUP BY w.kind, w.lease_ms, w.floor_s
+),
+picked AS MATERIALIZED (
+    SELECT c.id
+    FROM share s
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT id
+            FROM jobs
+            WHERE state = 'pending' AND kind = s.kind AND run_after <= now()"#,
+            $share_floor,
+            r#"
+            ORDER BY run_after, id
+            LIMIT s.n
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) one_kind
+        LIMIT 1000
+    ) c
+)
+UPDATE jobs j SET
+    state = 'running',
+    attempts = j.attempts + 1,
+    claimed_by = gen_random_uuid(),
+    claimed_until = now()
+        + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
+WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
+RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
+          extract(epoch FROM now() - j.run_after)::float8 AS waited,
+          extract(epoch FROM j.run_after)::float8 AS run_after
+"#
+        )
+    };
+}
 
 /// Claims up to `$4` claimable jobs of the kinds in `$1`, at most `$2[i]` of kind
 /// `$1[i]`, each with a lease of `$3[i]` ms (every lease mode claims under a lease),
@@ -99,36 +210,34 @@ FROM ins CROSS JOIN notify
 /// execution, 17 ms each. The attempt is counted here, at claim time, and commits with
 /// the claim in every lease mode. Also returns how long each job waited past its
 /// run-after, on the database clock.
-pub(crate) const CLAIM: &str = r#"
-WITH wanted AS (
-    SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]) AS w(kind, n, lease_ms)
-),
-picked AS MATERIALIZED (
-    SELECT c.id
-    FROM wanted w
-    CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT id
-            FROM jobs
-            WHERE state = 'pending' AND kind = w.kind AND run_after <= now()
-            ORDER BY run_after, id
-            LIMIT w.n
-            FOR NO KEY UPDATE SKIP LOCKED
-        ) one_kind
-        LIMIT 1000
-    ) c
-    LIMIT $4
-)
-UPDATE jobs j SET
-    state = 'running',
-    attempts = j.attempts + 1,
-    claimed_by = gen_random_uuid(),
-    claimed_until = now()
-        + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
-WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
-          extract(epoch FROM now() - j.run_after)::float8 AS waited
-"#;
+pub(crate) const CLAIM: &str = claim!("");
+
+/// How far behind the latest run-after a runtime has claimed of a kind its next claim
+/// of that kind starts ([`CLAIM_FROM`]).
+///
+/// A claim scans `jobs_claim` in `(run_after, id)` order from the start of the kind's
+/// range. Every claimed or finished row leaves a dead entry at the front of that range,
+/// which the scan walks past. Normally the scan itself marks them dead in the index
+/// (and vacuum removes them), so the walk stays short. But while any transaction holds
+/// the xmin horizon back (an idle session in a transaction, a long report, a replica's
+/// query with `hot_standby_feedback`), no entry can be marked or removed: every claim
+/// walked all the jobs finished since, and the claim's time grew without bound, at
+/// 1,000 jobs/s from 0.2 ms to 8 ms within a minute (BENCHMARKS.md, `horizon`).
+///
+/// So a runtime starts each claim at a floor: the latest run-after it has claimed of
+/// the kind, less this lag. Rows behind the floor are claimed rows, except a few: a row
+/// whose transaction committed more than the lag after its enqueue began, one that was
+/// locked (by a claimer that then rolled back, or by the application) when claims
+/// passed it, one put back with an earlier run-after (a re-run mark of a trigger that
+/// arrived while it ran). A full claim from the start of the range (
+/// [`CLAIM`]) finds those: at least every poll interval, and, while full claims are
+/// slow, no more than 1 % of the claimer's time (one every 100 times its duration).
+pub(crate) const CLAIM_FLOOR_LAG: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// [`CLAIM`], each kind's scan starting at its floor `$5[i]` (seconds since the epoch)
+/// rather than at the start of its range: see [`CLAIM_FLOOR_LAG`]. Index: as [`CLAIM`],
+/// the range starting at `(kind, floor)`.
+pub(crate) const CLAIM_FROM: &str = claim!(" AND run_after >= to_timestamp(w.floor_s)");
 
 /// [`CLAIM`] for kinds whose limits add up to more than `$4`: locking each kind's first
 /// `$2[i]` rows and cutting the lot to `$4` afterwards would lock rows the claim then
@@ -139,56 +248,13 @@ RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::tex
 ///
 /// Index: `jobs_claim`, two range scans per kind (the first one reads at most `$2[i]`
 /// entries and locks nothing). Otherwise as [`CLAIM`].
-pub(crate) const CLAIM_SPLIT: &str = r#"
-WITH wanted AS (
-    SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]) AS w(kind, n, lease_ms)
-),
-top AS MATERIALIZED (
-    SELECT c.kind
-    FROM wanted w
-    CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT kind, run_after, id
-            FROM jobs
-            WHERE state = 'pending' AND kind = w.kind AND run_after <= now()
-            ORDER BY run_after, id
-            LIMIT w.n
-        ) one_kind
-        LIMIT 1000
-    ) c
-    ORDER BY c.run_after, c.id
-    LIMIT $4
-),
-share AS (
-    SELECT w.kind, w.lease_ms, count(t.kind) AS n
-    FROM wanted w LEFT JOIN top t ON t.kind = w.kind
-    GROUP BY w.kind, w.lease_ms
-),
-picked AS MATERIALIZED (
-    SELECT c.id
-    FROM share s
-    CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT id
-            FROM jobs
-            WHERE state = 'pending' AND kind = s.kind AND run_after <= now()
-            ORDER BY run_after, id
-            LIMIT s.n
-            FOR NO KEY UPDATE SKIP LOCKED
-        ) one_kind
-        LIMIT 1000
-    ) c
-)
-UPDATE jobs j SET
-    state = 'running',
-    attempts = j.attempts + 1,
-    claimed_by = gen_random_uuid(),
-    claimed_until = now()
-        + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
-WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
-          extract(epoch FROM now() - j.run_after)::float8 AS waited
-"#;
+pub(crate) const CLAIM_SPLIT: &str = claim_split!("", "");
+
+/// [`CLAIM_SPLIT`] from each kind's floor, as [`CLAIM_FROM`].
+pub(crate) const CLAIM_SPLIT_FROM: &str = claim_split!(
+    " AND run_after >= to_timestamp(w.floor_s)",
+    " AND run_after >= to_timestamp(s.floor_s)"
+);
 
 /// How long until the next job of the kinds `$1` becomes due (seconds, on the database
 /// clock; NULL when none is scheduled): an idle runtime sleeps until then, so a retry, a
@@ -484,6 +550,8 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("ENQUEUE_MANY", ENQUEUE_MANY),
         ("CLAIM", CLAIM),
         ("CLAIM_SPLIT", CLAIM_SPLIT),
+        ("CLAIM_FROM", CLAIM_FROM),
+        ("CLAIM_SPLIT_FROM", CLAIM_SPLIT_FROM),
         ("NEXT_DUE", NEXT_DUE),
         ("RENEW", RENEW),
         ("COMPLETE_DELETE", COMPLETE_DELETE),

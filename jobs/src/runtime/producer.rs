@@ -37,7 +37,16 @@ const MAX_AHEAD: usize = 500;
 /// How often the rates behind the claim-ahead are measured.
 const RATE_EVERY: Duration = Duration::from_millis(100);
 
-type ClaimRow = (i64, String, i32, i32, Uuid, String, Option<f64>);
+type ClaimRow = (
+    i64,
+    String,
+    i32,
+    i32,
+    Uuid,
+    String,
+    Option<f64>,
+    Option<f64>,
+);
 
 /// The running executors. Owned by the runtime, not by the producer: if the producer
 /// panics, the runtime still lets them finish and hands their jobs back.
@@ -75,6 +84,7 @@ pub(super) async fn run(
     // Whether the last wake-up was a signal: then one more claim follows shortly.
     let mut follow_up = false;
     let mut rates = Rates::new(&shared);
+    let mut floors = Floors::default();
 
     loop {
         if *stop.borrow() {
@@ -142,7 +152,14 @@ pub(super) async fn run(
         batch_window_used = false;
 
         let mut running = executors.lock().await;
-        let round = claim(&shared, &mut conn, total_free, &per_kind, &mut running);
+        let round = claim(
+            &shared,
+            &mut conn,
+            total_free,
+            &per_kind,
+            &mut floors,
+            &mut running,
+        );
         let claimed = super::answer_within(shared.answer_within, "the claim", round).await;
         drop(running);
         match claimed {
@@ -160,6 +177,31 @@ pub(super) async fn run(
                 }
             }
         }
+    }
+}
+
+/// Where each kind's next claim starts (see `sql::CLAIM_FLOOR_LAG`), and when the last
+/// full claim, from the start of the kinds' ranges, ran.
+#[derive(Default)]
+struct Floors {
+    /// The latest run-after claimed per kind, in seconds since the epoch (database clock).
+    latest: HashMap<&'static str, f64>,
+    last_full: Option<Instant>,
+    full_took: Duration,
+}
+
+impl Floors {
+    /// Whether the next claim is a full one: at least once per poll interval, and no
+    /// more often than every 100 times the last full claim's duration.
+    fn full_due(&self, poll: Duration) -> bool {
+        self.last_full
+            .is_none_or(|at| at.elapsed() >= poll.max(self.full_took * 100))
+    }
+
+    fn floor(&self, kind: &str) -> f64 {
+        self.latest.get(kind).map_or(f64::NEG_INFINITY, |latest| {
+            latest - sql::CLAIM_FLOOR_LAG.as_secs_f64()
+        })
     }
 }
 
@@ -279,17 +321,25 @@ async fn claim(
     conn: &mut Option<PoolConnection<Postgres>>,
     total_free: usize,
     per_kind: &[(&'static HandlerInfo, usize)],
+    floors: &mut Floors,
     executors: &mut JoinSet<()>,
 ) -> Result<bool, sqlx::Error> {
+    let full = floors.full_due(shared.poll_interval);
     let mut kinds = Vec::new();
     let mut limits = Vec::new();
     let mut leases = Vec::new();
+    let mut from = Vec::new();
     let mut asked = 0usize;
     for (info, free) in per_kind {
         if *free > 0 {
             kinds.push(info.kind);
             limits.push(i32::try_from(*free).unwrap_or(i32::MAX));
             leases.push(millis(info.config.lease_length()));
+            from.push(if full {
+                f64::NEG_INFINITY
+            } else {
+                floors.floor(info.kind)
+            });
             asked = asked.saturating_add(*free);
         }
     }
@@ -303,20 +353,31 @@ async fn claim(
     };
     // The kinds' limits add up to more than the claim takes (several kinds, each
     // allowed all the free slots): the claim that shares the limit among them.
-    let statement = if asked > want {
-        sql::CLAIM_SPLIT
-    } else {
-        sql::CLAIM
+    let statement = match (asked > want, full) {
+        (true, true) => sql::CLAIM_SPLIT,
+        (true, false) => sql::CLAIM_SPLIT_FROM,
+        (false, true) => sql::CLAIM,
+        (false, false) => sql::CLAIM_FROM,
     };
+    let started = Instant::now();
     let rows: Vec<ClaimRow> = sqlx::query_as(statement)
         .bind(&kinds)
         .bind(&limits)
         .bind(&leases)
         .bind(i32::try_from(want).unwrap_or(i32::MAX))
+        .bind(&from)
         .fetch_all(&mut **claimer)
         .await?;
+    if full {
+        floors.last_full = Some(Instant::now());
+        floors.full_took = started.elapsed();
+    }
     let more = rows.len() >= want;
     for row in rows {
+        if let (Some(&handler), Some(run_after)) = (shared.handlers.get(row.1.as_str()), row.7) {
+            let latest = floors.latest.entry(handler.kind).or_insert(run_after);
+            *latest = latest.max(run_after);
+        }
         start(shared, row, executors);
     }
     Ok(more)
@@ -324,7 +385,7 @@ async fn claim(
 
 fn start(
     shared: &Arc<Shared>,
-    (id, kind, attempts, max_attempts, token, payload, waited): ClaimRow,
+    (id, kind, attempts, max_attempts, token, payload, waited, _): ClaimRow,
     executors: &mut JoinSet<()>,
 ) {
     let Some(&handler) = shared.handlers.get(kind.as_str()) else {

@@ -2,6 +2,7 @@
 //!
 //! ```sh
 //! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w2 w3 w4 w5]
+//! cargo run --release --example bench -- horizon [--held 600] [--holder xid|readers]
 //! ```
 //!
 //! Each workload runs on a freshly created database (`JOBS_BENCH_DATABASE_URL`, default
@@ -18,6 +19,8 @@ use serde::{Deserialize, Serialize};
 use sqlx::migrate::MigrateDatabase;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres};
+
+mod horizon;
 
 /// A no-op job.
 #[derive(Job, Serialize, Deserialize)]
@@ -487,6 +490,12 @@ async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--child") {
         child().await;
+        return;
+    }
+    if args.first().map(String::as_str) == Some("horizon") {
+        let (options, rest) = horizon::Options::parse(&args[1..]);
+        assert!(rest.is_empty(), "unknown arguments to horizon: {rest:?}");
+        horizon::run(options).await;
         return;
     }
     let mut runs = 3;
