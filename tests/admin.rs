@@ -67,6 +67,7 @@ async fn claim(pool: &PgPool, kind: &str, n: i32) -> Vec<i64> {
             .bind(vec![Some(60_000_i64)])
             .bind(n)
             .bind(vec![f64::NEG_INFINITY])
+            .bind(uuid::Uuid::nil())
             .fetch_all(pool)
             .await
             .expect("claim");
@@ -361,6 +362,7 @@ async fn cancel_racing_a_claim_leaves_the_claimed_job(pool: PgPool) {
             .bind(vec![Some(60_000_i64)])
             .bind(1_i32)
             .bind(vec![f64::NEG_INFINITY])
+            .bind(uuid::Uuid::nil())
             .fetch_all(&mut *tx)
             .await
             .unwrap();

@@ -685,6 +685,7 @@ async fn claim_locks_only_what_it_takes(pool: PgPool) {
         .bind(vec![30_000i64; 10])
         .bind(10i32)
         .bind(vec![f64::NEG_INFINITY; 10])
+        .bind(uuid::Uuid::nil())
         .fetch_all(&mut *claimer)
         .await
         .unwrap();

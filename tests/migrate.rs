@@ -31,7 +31,13 @@ async fn coexists_with_application_migrations_in_either_order(pool: PgPool) {
     app.run(&pool).await.unwrap();
     assert_eq!(
         tables(&pool).await,
-        ["_jobs_migrations", "_sqlx_migrations", "app_users", "jobs"]
+        [
+            "_jobs_migrations",
+            "_sqlx_migrations",
+            "app_users",
+            "jobs",
+            "jobs_paused"
+        ]
     );
 }
 
@@ -47,7 +53,7 @@ async fn application_first_then_jobs(pool: PgPool) {
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(versions, [1, 2]);
+    assert_eq!(versions, [1, 2, 3, 4]);
 }
 
 #[sqlx::test(migrations = false)]

@@ -26,6 +26,7 @@ async fn work(job: Work, ctx: JobContext) -> Result<(), JobError> {
 const RUNTIME_GRANTS: &str = "
     GRANT USAGE ON SCHEMA public TO {role};
     GRANT SELECT, INSERT, UPDATE, DELETE ON jobs TO {role};
+    GRANT SELECT ON jobs_paused TO {role};
 ";
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
@@ -93,7 +94,7 @@ async fn runtime_runs_with_only_the_documented_grants(
 
     limited.close().await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "REVOKE ALL ON jobs FROM {role}; REVOKE ALL ON SCHEMA public FROM {role}; DROP ROLE {role}"
+        "REVOKE ALL ON jobs FROM {role}; REVOKE ALL ON jobs_paused FROM {role}; REVOKE ALL ON SCHEMA public FROM {role}; DROP ROLE {role}"
     )))
     .execute(&admin)
     .await

@@ -352,6 +352,7 @@ async fn claim_reads_only_its_kinds_claimable_rows(pool: PgPool) {
         .bind(vec![Some(30_000i64)])
         .bind(10i32)
         .bind(vec![floor])
+        .bind(uuid::Uuid::nil())
         .fetch_one(&mut *tx)
         .await
         .unwrap();
@@ -1124,6 +1125,7 @@ async fn claim_blocks(pool: &PgPool, statement: &str, floor: f64) -> (i64, i64) 
     .bind(vec![Some(30_000i64)])
     .bind(10i32)
     .bind(vec![floor])
+    .bind(uuid::Uuid::nil())
     .fetch_one(&mut *tx)
     .await
     .unwrap();

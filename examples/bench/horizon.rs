@@ -156,6 +156,19 @@ fn as_server(program: &str, args: &[&str]) -> std::process::ExitStatus {
 impl Cluster {
     fn start(port: u16) -> Cluster {
         let dir = std::env::temp_dir().join(format!("jobs-bench-horizon-{port}"));
+        // A server an earlier, interrupted run left behind.
+        if dir.join("data/postmaster.pid").exists() {
+            as_server(
+                &bin("pg_ctl"),
+                &[
+                    "-D",
+                    dir.join("data").to_str().unwrap(),
+                    "-m",
+                    "immediate",
+                    "stop",
+                ],
+            );
+        }
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let _ = Command::new("chown")

@@ -78,6 +78,17 @@ pub enum Command {
         /// The pending job's id.
         id: i64,
     },
+    /// Stop every runtime claiming a kind (within its poll interval); running jobs
+    /// finish, enqueues go on.
+    Pause {
+        /// The kind.
+        kind: String,
+    },
+    /// Let runtimes claim a paused kind again.
+    Resume {
+        /// The kind.
+        kind: String,
+    },
     /// Delete a failed job.
     Discard {
         /// The failed job's id.

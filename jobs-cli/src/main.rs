@@ -270,6 +270,26 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
             }
             Err(e) => return Err(e.into()),
         },
+        Command::Pause { kind } => {
+            if admin::pause(&mut *conn, &kind).await? {
+                print(&format!(
+                    "kind `{}` paused: runtimes stop claiming it within their poll interval\n",
+                    output::clean(&kind)
+                ));
+            } else {
+                print(&format!(
+                    "kind `{}` was already paused\n",
+                    output::clean(&kind)
+                ));
+            }
+        }
+        Command::Resume { kind } => {
+            if admin::resume(&mut *conn, &kind).await? {
+                print(&format!("kind `{}` resumed\n", output::clean(&kind)));
+            } else {
+                print(&format!("kind `{}` was not paused\n", output::clean(&kind)));
+            }
+        }
         Command::Discard { id } => match admin::discard(&mut *conn, id).await {
             Ok(()) => print(&format!("job {id} discarded\n")),
             Err(jobs::Error::NotFound(_)) => {

@@ -83,7 +83,7 @@ pub fn human(d: Duration) -> String {
 
 /// `text` with every control character but the line feed written as an escape
 /// (`\u{1b}`), so that a key, kind or error from the table cannot drive the terminal.
-fn clean(text: &str) -> String {
+pub fn clean(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if c.is_control() && c != '\n' {
@@ -204,6 +204,14 @@ pub fn job_json(job: &JobRow) -> Value {
         "created_at": time(&job.created_at),
         "finished_at": job.finished_at.as_ref().map(time),
         "claimed_until": job.claimed_until.as_ref().map(time),
+        "runtime": job.runtime,
+        "errors": job.errors.iter().map(|e| json!({
+            "attempt": e.attempt,
+            "at": time(&e.at),
+            "kind": e.kind.as_str(),
+            "message": e.message,
+            "runtime": e.runtime,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -223,6 +231,11 @@ pub fn job_detail(job: &JobRow) -> String {
         ("created at", time(&job.created_at)),
         ("finished at", time_opt(job.finished_at.as_ref())),
         ("claimed until", time_opt(job.claimed_until.as_ref())),
+        (
+            "runtime",
+            job.runtime
+                .map_or_else(|| "-".to_owned(), |r| r.to_string()),
+        ),
     ];
     for (name, value) in fields {
         let _ = writeln!(out, "{name:<14}{value}");
@@ -236,6 +249,24 @@ pub fn job_detail(job: &JobRow) -> String {
             out.push_str("last error\n");
             for line in clean(e).lines() {
                 let _ = writeln!(out, "  {line}");
+            }
+        }
+    }
+    if !job.errors.is_empty() {
+        let _ = writeln!(out, "attempt history ({}, oldest first)", job.errors.len());
+        for e in &job.errors {
+            let runtime = e
+                .runtime
+                .map_or_else(|| "-".to_owned(), |r| r.to_string()[..8].to_owned());
+            let _ = writeln!(
+                out,
+                "  #{:<3} {}  {:<13} runtime {runtime}",
+                e.attempt,
+                time(&e.at),
+                e.kind.as_str(),
+            );
+            for line in clean(&e.message).lines() {
+                let _ = writeln!(out, "       {line}");
             }
         }
     }
@@ -272,7 +303,11 @@ pub fn stats_table(stats: &[KindStats]) -> String {
         .iter()
         .map(|k| {
             row(
-                &k.kind,
+                &if k.paused {
+                    format!("{} (paused)", k.kind)
+                } else {
+                    k.kind.clone()
+                },
                 [k.ready, k.scheduled, k.running, k.done, k.failed],
                 k.lag,
             )
@@ -316,6 +351,7 @@ pub fn stats_json(k: &KindStats) -> Value {
         "done": k.done,
         "failed": k.failed,
         "lag_seconds": k.lag.map(|d| d.as_secs_f64()),
+        "paused": k.paused,
     })
 }
 

@@ -298,7 +298,7 @@ async fn migrate_creates_the_job_table(pool: PgPool) {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
         stdout(&out),
-        "applied migration 1 (create jobs), 2 (end unbounded claims)\n"
+        "applied migration 1 (create jobs), 2 (end unbounded claims), 3 (attempt history), 4 (paused kinds)\n"
     );
     let out = jobs(&url, &["migrate"]).await;
     assert_eq!(
@@ -369,4 +369,35 @@ async fn terminal_escapes_in_the_table_are_shown_escaped(pool: PgPool) {
         );
         assert!(text.contains("\\u{1b}"), "{args:?}: {text}");
     }
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn show_prints_the_attempt_history(pool: PgPool) {
+    let url = url_of(&pool);
+    let id = insert(&pool, "h", "failed", Some("permanent: <no>")).await;
+    sqlx::query(
+        "UPDATE jobs SET errors = jsonb_build_array( \
+           jsonb_build_object('attempt', 1, 'at', now(), 'kind', 'panic', 'message', 'handler panicked: oh', 'runtime', gen_random_uuid()), \
+           jsonb_build_object('attempt', 2, 'at', now(), 'kind', 'permanent', 'message', E'permanent: <no>\\u001b[2J', 'runtime', NULL)) \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let out = jobs(&url, &["show", &id.to_string()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("attempt history (2, oldest first)"), "{text}");
+    assert!(text.contains("panic"), "{text}");
+    assert!(text.contains("handler panicked: oh"), "{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "control characters are escaped: {text}"
+    );
+    let out = jobs(&url, &["show", &id.to_string(), "--json"]).await;
+    let job: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(job["errors"][0]["kind"], "panic");
+    assert_eq!(job["errors"][1]["attempt"], 2);
+    assert!(job["errors"][1]["runtime"].is_null());
 }

@@ -39,6 +39,9 @@ pub(crate) const STATEMENTS: &[(&str, &str)] = &[
     ("DONE_KINDS", DONE_KINDS),
     ("PRUNE_BATCH", PRUNE_BATCH),
     ("PRUNE_FAILED_BATCH", PRUNE_FAILED_BATCH),
+    ("PAUSE", PAUSE),
+    ("RESUME", RESUME),
+    ("PAUSED", PAUSED),
 ];
 
 /// The columns of a [`JobRow`], in the order [`JobRow::from_row`] reads them. A claim
@@ -46,9 +49,12 @@ pub(crate) const STATEMENTS: &[(&str, &str)] = &[
 /// which chrono cannot hold, is read as NULL plus a flag.
 macro_rules! job_columns {
     () => {
-        "id, kind, key, state, attempts, max_attempts, run_after, last_error, payload, \
+        concat!(
+            "id, kind, key, state, attempts, max_attempts, run_after, last_error, payload, \
          created_at, finished_at, nullif(claimed_until, 'infinity') AS claimed_until, \
-         coalesce(claimed_until = 'infinity', false) AS claim_unbounded"
+         coalesce(claimed_until = 'infinity', false) AS claim_unbounded, runtime_id, ",
+            crate::history::history_columns!()
+        )
     };
 }
 
@@ -182,15 +188,18 @@ WITH p AS (
 ),
 r AS (SELECT kind, count(*) AS n FROM jobs WHERE state = 'running' GROUP BY kind),
 d AS (SELECT kind, count(*) AS n FROM jobs WHERE state = 'done' GROUP BY kind),
-f AS (SELECT kind, count(*) AS n FROM jobs WHERE state = 'failed' GROUP BY kind)
+f AS (SELECT kind, count(*) AS n FROM jobs WHERE state = 'failed' GROUP BY kind),
+z AS (SELECT kind, true AS paused FROM jobs_paused)
 SELECT kind,
        coalesce(p.ready, 0) AS ready,
        coalesce(p.scheduled, 0) AS scheduled,
        coalesce(r.n, 0) AS running,
        coalesce(d.n, 0) AS done,
        coalesce(f.n, 0) AS failed,
-       (extract(epoch FROM now() - p.oldest) * 1000000)::bigint AS lag_us
+       (extract(epoch FROM now() - p.oldest) * 1000000)::bigint AS lag_us,
+       coalesce(z.paused, false) AS paused
 FROM p FULL JOIN r USING (kind) FULL JOIN d USING (kind) FULL JOIN f USING (kind)
+     FULL JOIN z USING (kind)
 ORDER BY kind
 "#;
 
@@ -331,6 +340,12 @@ pub struct JobRow {
     /// time (only the earlier transaction mode made them) reads as
     /// [`DateTime::<Utc>::MAX_UTC`].
     pub claimed_until: Option<DateTime<Utc>>,
+    /// The runtime that holds the current claim, or held the last one (see
+    /// `Runtime`): the id each runtime records in its claims.
+    pub runtime: Option<uuid::Uuid>,
+    /// The failed attempts, oldest first, the last 20 (see
+    /// [`JobContext::previous_errors`](crate::JobContext::previous_errors)).
+    pub errors: Vec<crate::AttemptError>,
 }
 
 impl JobRow {
@@ -355,6 +370,8 @@ impl JobRow {
             } else {
                 claimed_until
             },
+            runtime: row.try_get("runtime_id")?,
+            errors: crate::history::from_row(row)?,
         })
     }
 }
@@ -619,6 +636,8 @@ pub struct KindStats {
     /// the database clock; `None` when no job is claimable. A lag that keeps growing
     /// means no runtime claims this kind, or they cannot keep up.
     pub lag: Option<Duration>,
+    /// Whether the kind is paused ([`pause`]): no runtime claims it.
+    pub paused: bool,
 }
 
 impl KindStats {
@@ -629,17 +648,18 @@ impl KindStats {
 }
 
 /// Counts per kind (in kind order) of pending (ready and scheduled), running, done and
-/// failed jobs, with each kind's lag. Kinds with no rows are absent.
+/// failed jobs, with each kind's lag and whether it is paused. Kinds with no rows are
+/// absent unless paused.
 pub async fn stats<'e, E>(executor: E) -> Result<Vec<KindStats>, Error>
 where
     E: PgExecutor<'e>,
 {
-    type StatsRow = (String, i64, i64, i64, i64, i64, Option<i64>);
+    type StatsRow = (String, i64, i64, i64, i64, i64, Option<i64>, bool);
     let rows: Vec<StatsRow> = sqlx::query_as(STATS).fetch_all(executor).await?;
     Ok(rows
         .into_iter()
         .map(
-            |(kind, ready, scheduled, running, done, failed, lag_us)| KindStats {
+            |(kind, ready, scheduled, running, done, failed, lag_us, paused)| KindStats {
                 kind,
                 ready: count(ready),
                 scheduled: count(scheduled),
@@ -647,6 +667,7 @@ where
                 done: count(done),
                 failed: count(failed),
                 lag: lag_us.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+                paused,
             },
         )
         .collect())
@@ -734,4 +755,61 @@ pub(crate) async fn prune_batch<'e, E: PgExecutor<'e>>(
 /// A row count from the database, never negative.
 fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+/// Pauses `$1`, and notifies the runtimes (channel `jobs_paused`) so that they read the
+/// paused kinds again at once. Index: the primary key of `jobs_paused`.
+const PAUSE: &str = r#"
+WITH i AS (
+    INSERT INTO jobs_paused (kind) VALUES ($1) ON CONFLICT (kind) DO NOTHING RETURNING kind
+)
+SELECT count(pg_notify('jobs_paused', i.kind)) FROM i
+"#;
+
+/// Resumes `$1`, and notifies the runtimes as [`PAUSE`] does. Index: the primary key of
+/// `jobs_paused`.
+const RESUME: &str = r#"
+WITH d AS (DELETE FROM jobs_paused WHERE kind = $1 RETURNING kind)
+SELECT count(pg_notify('jobs_paused', d.kind)) FROM d
+"#;
+
+/// The paused kinds and since when, in kind order.
+const PAUSED: &str = "SELECT kind, paused_at FROM jobs_paused ORDER BY kind";
+
+/// Pauses a kind: every runtime stops claiming it within its poll interval (one second
+/// by default; at once when the notification reaches it); jobs of the kind already
+/// claimed run to their end, and enqueues still
+/// succeed, so its jobs wait, pending, until [`resume`]. Returns whether the kind was
+/// running before (false if it was already paused). Any kind name may be paused,
+/// including one no runtime handles yet.
+pub async fn pause<'e, E>(executor: E, kind: &str) -> Result<bool, Error>
+where
+    E: PgExecutor<'e>,
+{
+    let n: i64 = sqlx::query_scalar(PAUSE)
+        .bind(kind)
+        .fetch_one(executor)
+        .await?;
+    Ok(n > 0)
+}
+
+/// Resumes a paused kind: runtimes claim it again, an idle one at once (a notification
+/// wakes it), any other within its poll interval. Returns whether the kind was paused.
+pub async fn resume<'e, E>(executor: E, kind: &str) -> Result<bool, Error>
+where
+    E: PgExecutor<'e>,
+{
+    let n: i64 = sqlx::query_scalar(RESUME)
+        .bind(kind)
+        .fetch_one(executor)
+        .await?;
+    Ok(n > 0)
+}
+
+/// The paused kinds, in kind order, each with when it was paused.
+pub async fn paused<'e, E>(executor: E) -> Result<Vec<(String, DateTime<Utc>)>, Error>
+where
+    E: PgExecutor<'e>,
+{
+    Ok(sqlx::query_as(PAUSED).fetch_all(executor).await?)
 }

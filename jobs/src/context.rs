@@ -129,6 +129,31 @@ impl JobContext {
         self.inner.token
     }
 
+    /// The job's earlier failed attempts, oldest first (the last 20): what each came
+    /// to, when, which runtime ran it, and its error. Empty if none failed. The history
+    /// stays with the row: a job an operator retried, or whose attempt budget a
+    /// coalesced trigger renewed, keeps its earlier entries (their attempt numbers
+    /// start again with the budget). One query on [`pool`](Self::pool).
+    ///
+    /// ```no_run
+    /// # async fn f(ctx: jobs::JobContext) -> Result<(), jobs::JobError> {
+    /// if let Some(last) = ctx.previous_errors().await?.last() {
+    ///     tracing::info!(attempt = last.attempt, kind = %last.kind, "retrying after: {}", last.message);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn previous_errors(&self) -> Result<Vec<crate::AttemptError>, JobError> {
+        let row = sqlx::query(crate::history::HISTORY)
+            .bind(self.inner.id)
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => crate::history::from_row(&row)?,
+            None => Vec::new(),
+        })
+    }
+
     /// The pool the runtime claims from.
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool
@@ -474,6 +499,8 @@ pub struct JobError {
 pub(crate) enum JobErrorKind {
     Retry(String),
     Permanent(String),
+    /// The payload does not deserialize: permanent, recorded as its own kind of failure.
+    Payload(String),
     Snooze(Duration),
     LeaseLost,
 }
@@ -514,7 +541,10 @@ impl JobError {
 
     /// Whether this fails the job for good.
     pub fn is_permanent(&self) -> bool {
-        matches!(self.kind, JobErrorKind::Permanent(_))
+        matches!(
+            self.kind,
+            JobErrorKind::Permanent(_) | JobErrorKind::Payload(_)
+        )
     }
 }
 
@@ -522,7 +552,9 @@ impl fmt::Display for JobError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             JobErrorKind::Retry(m) => f.write_str(m),
-            JobErrorKind::Permanent(m) => write!(f, "permanent failure: {m}"),
+            JobErrorKind::Permanent(m) | JobErrorKind::Payload(m) => {
+                write!(f, "permanent failure: {m}")
+            }
             JobErrorKind::Snooze(d) => write!(f, "snoozed for {d:?}"),
             JobErrorKind::LeaseLost => f.write_str("the job's lease was lost"),
         }

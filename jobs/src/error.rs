@@ -83,6 +83,16 @@ impl From<sqlx::Error> for Error {
         if is_missing_job_table(&e) {
             return no_job_table(None);
         }
+        if let sqlx::Error::Database(db) = &e
+            && db.code().as_deref() == Some("42P01")
+            && db.message().contains("\"jobs_paused\"")
+        {
+            return Error::Schema(
+                "the job table in the database this connection uses is older than this library \
+                 (it has no `jobs_paused`): upgrade it with `jobs::migrate(&pool)` or `jobsctl migrate`"
+                    .to_owned(),
+            );
+        }
         Error::Database(e)
     }
 }

@@ -325,6 +325,7 @@ pub mod admin;
 mod context;
 mod enqueue;
 mod error;
+mod history;
 mod job;
 mod migrate;
 mod registry;
@@ -335,6 +336,7 @@ pub mod testing;
 pub use context::{FencedTx, JobContext, JobError, TxGuard};
 pub use enqueue::{EnqueueBatch, EnqueueOutcome, Enqueued, enqueue_all};
 pub use error::Error;
+pub use history::{AttemptError, FailureKind};
 pub use job::{Job, JobConfig, KeyPart, Lease};
 /// Derives [`Job`](trait@Job) for a struct or enum, from its `#[job(...)]` attribute,
 /// and registers its kind.

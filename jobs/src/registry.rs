@@ -87,7 +87,9 @@ where
                 J::KIND,
                 std::any::type_name::<J>()
             );
-            Box::pin(std::future::ready(Err(JobError::permanent(message))))
+            Box::pin(std::future::ready(Err(JobError {
+                kind: crate::context::JobErrorKind::Payload(message),
+            })))
         }
     }
 }

@@ -113,6 +113,7 @@ UPDATE jobs j SET
     state = 'running',
     attempts = j.attempts + 1,
     claimed_by = gen_random_uuid(),
+    runtime_id = $6,
     claimed_until = now()
         + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
 WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
@@ -176,6 +177,7 @@ UPDATE jobs j SET
     state = 'running',
     attempts = j.attempts + 1,
     claimed_by = gen_random_uuid(),
+    runtime_id = $6,
     claimed_until = now()
         + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
 WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
@@ -208,8 +210,9 @@ RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::tex
 /// round takes at most that many jobs of one kind) keeps the generic plan's estimate,
 /// and so its cost, small: above `jit_above_cost` PostgreSQL compiled the plan on every
 /// execution, 17 ms each. The attempt is counted here, at claim time, and commits with
-/// the claim in every lease mode. Also returns how long each job waited past its
-/// run-after, on the database clock.
+/// the claim in every lease mode; `$6` is the claiming runtime's id (`runtime_id`).
+/// Also returns how long each job waited past its run-after, on the database clock,
+/// and the run-after itself (the runtime's floor, [`CLAIM_FLOOR_LAG`]).
 pub(crate) const CLAIM: &str = claim!("");
 
 /// How far behind the latest run-after a runtime has claimed of a kind its next claim
@@ -231,7 +234,8 @@ pub(crate) const CLAIM: &str = claim!("");
 /// passed it, one put back with an earlier run-after (a re-run mark of a trigger that
 /// arrived while it ran). A full claim from the start of the range (
 /// [`CLAIM`]) finds those: at least every poll interval, and, while full claims are
-/// slow, no more than 1 % of the claimer's time (one every 100 times its duration).
+/// slow, no more than 1 % of the claimer's time (one every 100 times its duration, and
+/// at least every 30 s).
 pub(crate) const CLAIM_FLOOR_LAG: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// [`CLAIM`], each kind's scan starting at its floor `$5[i]` (seconds since the epoch)
@@ -392,7 +396,9 @@ LEFT JOIN jobs j ON j.id = c.id
 /// it ran: then it goes back to pending with a fresh attempt budget, since that trigger
 /// has not been handled yet. A periodic kind's job is never parked: out of attempts it
 /// waits one period, with a fresh budget and its last error kept, so a failing periodic
-/// kind runs at its own pace and leaves no pile of failed rows. Returns the new state.
+/// kind runs at its own pace and leaves no pile of failed rows. `$7` is the kind of
+/// failure, which the attempt's entry in `errors` records with the message (the last
+/// 20 attempts are kept). Returns the new state.
 ///
 /// Index: primary key. Runs on its own (never inside a handler's transaction), so
 /// `now()` is the time of the failure.
@@ -413,6 +419,10 @@ UPDATE jobs j SET
                             AND $6::bigint IS NULL
                        THEN now() END,
     last_error = $3,
+    errors = jsonb_path_query_array(
+        j.errors || jsonb_build_object('attempt', j.attempts, 'at', now(), 'kind', $7::text,
+                                       'message', $3::text, 'runtime', j.runtime_id),
+        '$[last - 19 to last]'),
     rerun_after = NULL,
     claimed_by = NULL,
     claimed_until = NULL
@@ -441,6 +451,8 @@ RETURNING j.id
 /// `failed` when the expired attempt was the last. The expiry is re-checked in this same
 /// statement, on the row version it locks, so a claim renewed or completed at the same
 /// instant is left alone; a row another transaction holds is skipped, never waited for.
+/// The expired attempt gets an entry `lease_expired` in `errors`, naming the runtime
+/// that held it.
 ///
 /// Index: `jobs_running (kind, id) WHERE state = 'running'`, which holds only the
 /// running rows (at most the runtimes' total concurrency).
@@ -461,6 +473,11 @@ UPDATE jobs j SET
                        THEN now() END,
     last_error = 'lease expired: the worker running attempt ' || j.attempts
                  || ' stopped renewing its claim',
+    errors = jsonb_path_query_array(
+        j.errors || jsonb_build_object('attempt', j.attempts, 'at', now(), 'kind', 'lease_expired',
+                                       'message', 'lease expired: the worker running attempt ' || j.attempts
+                                                  || ' stopped renewing its claim', 'runtime', j.runtime_id),
+        '$[last - 19 to last]'),
     rerun_after = NULL,
     claimed_by = NULL,
     claimed_until = NULL
@@ -542,6 +559,11 @@ SELECT EXISTS (
 )
 "#;
 
+/// The paused kinds (`jobs::admin::pause`), which the producer leaves out of its
+/// claims; read once per poll interval. Index: none needed, the table holds a row per
+/// paused kind.
+pub(crate) const PAUSED_KINDS: &str = "SELECT kind FROM jobs_paused";
+
 /// Every statement of this module, by name: the tests read them all.
 pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
     #[allow(unused_mut)]
@@ -563,6 +585,8 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("ARM_PERIODIC", ARM_PERIODIC),
         ("LIVE_PAYLOADS", LIVE_PAYLOADS),
         ("ANY_DUE", ANY_DUE),
+        ("HISTORY", crate::history::HISTORY),
+        ("PAUSED_KINDS", PAUSED_KINDS),
     ];
     #[cfg(feature = "metrics")]
     all.push(("LAG_DEPTH", LAG_DEPTH));

@@ -17,6 +17,7 @@ use super::completer::{self, Completion};
 use super::{Flight, Shared, observe};
 use crate::context::{Inner, JobContext, JobErrorKind, TxSlot};
 use crate::enqueue::millis;
+use crate::history::FailureKind;
 use crate::registry::{HandlerInfo, HandlerInput};
 use crate::sql;
 
@@ -33,8 +34,8 @@ pub(crate) struct Claimed {
 /// How one run of a handler ended.
 enum Outcome {
     Succeeded,
-    Retry(String),
-    Permanent(String),
+    Retry(FailureKind, String),
+    Permanent(FailureKind, String),
     Snooze(Duration),
     LeaseLost,
     /// Shutdown grace elapsed: the job is handed back.
@@ -46,8 +47,8 @@ impl Outcome {
     fn label(&self, job: &Claimed) -> &'static str {
         match self {
             Outcome::Succeeded => "succeeded",
-            Outcome::Retry(_) if job.attempt < job.max_attempts => "retried",
-            Outcome::Retry(_) | Outcome::Permanent(_) => "failed",
+            Outcome::Retry(..) if job.attempt < job.max_attempts => "retried",
+            Outcome::Retry(..) | Outcome::Permanent(..) => "failed",
             Outcome::Snooze(_) => "snoozed",
             Outcome::LeaseLost => "lease_lost",
             Outcome::Stopped => "handed_back",
@@ -129,6 +130,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
         && !inner.completed.load(Ordering::Acquire)
     {
         outcome = Outcome::Retry(
+            FailureKind::Error,
             "the handler returned Ok(()) after a fenced transaction of this run ended without \
              commit(): its writes were rolled back, so the job is not complete"
                 .to_owned(),
@@ -139,7 +141,9 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     observe::finished(&shared.counts, handler.kind, label, started.elapsed());
     match &outcome {
         Outcome::Succeeded => tracing::debug!("job succeeded"),
-        Outcome::Retry(e) | Outcome::Permanent(e) => tracing::warn!(error = %e, "job failed"),
+        Outcome::Retry(kind, e) | Outcome::Permanent(kind, e) => {
+            tracing::warn!(error = %e, failure = %kind, "job failed")
+        }
         Outcome::LeaseLost => {
             tracing::warn!("job's lease was lost: another runtime may run it; nothing written")
         }
@@ -151,7 +155,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     // without waiting for the next poll.
     let may_be_due = matches!(
         outcome,
-        Outcome::Retry(_) | Outcome::Permanent(_) | Outcome::Snooze(_)
+        Outcome::Retry(..) | Outcome::Permanent(..) | Outcome::Snooze(_)
     );
     finish(&shared, &inner, job.claimed_at, outcome).await;
     if may_be_due {
@@ -237,7 +241,10 @@ async fn commit_transaction(job: &Inner, outcome: Outcome) -> Outcome {
         }
         // The transaction rolled back (or, if the commit's answer was lost, may have
         // committed: then the failure written next is refused by its token).
-        Err(e) => Outcome::Retry(format!("cannot commit the job's transaction: {e}")),
+        Err(e) => Outcome::Retry(
+            FailureKind::Error,
+            format!("cannot commit the job's transaction: {e}"),
+        ),
     }
 }
 
@@ -263,18 +270,22 @@ async fn run_handler(
     let mut hard_stop = shared.hard_stop.clone();
     tokio::select! {
         result = timed => match result {
-            None => Outcome::Retry(format!(
+            None => Outcome::Retry(FailureKind::Timeout, format!(
                 "timed out after {:?}",
                 timeout.unwrap_or_default()
             )),
             Some(Ok(Ok(()))) => Outcome::Succeeded,
             Some(Ok(Err(e))) => match e.kind {
-                JobErrorKind::Retry(m) => Outcome::Retry(m),
-                JobErrorKind::Permanent(m) => Outcome::Permanent(m),
+                JobErrorKind::Retry(m) => Outcome::Retry(FailureKind::Error, m),
+                JobErrorKind::Permanent(m) => Outcome::Permanent(FailureKind::Permanent, m),
+                JobErrorKind::Payload(m) => Outcome::Permanent(FailureKind::Payload, m),
                 JobErrorKind::Snooze(d) => Outcome::Snooze(d),
                 JobErrorKind::LeaseLost => Outcome::LeaseLost,
             },
-            Some(Err(panic)) => Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic))),
+            Some(Err(panic)) => Outcome::Retry(
+                FailureKind::Panic,
+                format!("handler panicked: {}", panic_message(&*panic)),
+            ),
         },
         _ = ctx.lease_lost(), if cancel_on_loss => Outcome::LeaseLost,
         _ = hard_stop.wait_for(|stop| *stop) => Outcome::Stopped,
@@ -361,8 +372,8 @@ async fn write_outcome<'e, E: sqlx::PgExecutor<'e>>(
     outcome: &Outcome,
 ) -> Result<bool, sqlx::Error> {
     let rows = match outcome {
-        Outcome::Retry(message) | Outcome::Permanent(message) => {
-            let permanent = matches!(outcome, Outcome::Permanent(_));
+        Outcome::Retry(kind, message) | Outcome::Permanent(kind, message) => {
+            let permanent = matches!(outcome, Outcome::Permanent(..));
             // `last_error` says what kind of failure it was: "permanent: ...", "timed
             // out after ...", "handler panicked: ...", or the handler's own message.
             let message = if permanent {
@@ -377,6 +388,7 @@ async fn write_outcome<'e, E: sqlx::PgExecutor<'e>>(
                 .bind(permanent)
                 .bind(millis(job.config.backoff_after(job.attempt)))
                 .bind(job.config.every.map(millis))
+                .bind(kind.as_str())
                 .execute(executor)
                 .await?
         }

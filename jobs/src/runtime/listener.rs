@@ -4,6 +4,7 @@
 //! (re)connection wakes the producer to catch up, and the producer polls regardless.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sqlx::postgres::PgListener;
@@ -13,6 +14,10 @@ use super::backoff::Backoff;
 
 /// The channel every enqueue notifies, with the job's kind as payload.
 pub(crate) const CHANNEL: &str = "jobs";
+
+/// The channel `jobs::admin::pause` and `resume` notify: the producer reads the paused
+/// kinds again.
+pub(crate) const PAUSE_CHANNEL: &str = "jobs_paused";
 
 pub(super) async fn run(shared: Arc<Shared>) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
@@ -27,11 +32,16 @@ pub(super) async fn run(shared: Arc<Shared>) {
             }
         };
         backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        // Notifications may have been missed: catch up, paused kinds included.
+        shared.paused_changed.store(true, Ordering::Release);
         shared.wake.notify_one();
         loop {
             match listener.try_recv().await {
                 Ok(Some(notification)) => {
-                    if shared.handlers.contains_key(notification.payload()) {
+                    if notification.channel() == PAUSE_CHANNEL {
+                        shared.paused_changed.store(true, Ordering::Release);
+                        shared.wake.notify_one();
+                    } else if shared.handlers.contains_key(notification.payload()) {
                         shared.wake.notify_one();
                     }
                 }
@@ -52,6 +62,6 @@ pub(super) async fn run(shared: Arc<Shared>) {
 
 async fn connect(shared: &Shared) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(&shared.db).await?;
-    listener.listen(CHANNEL).await?;
+    listener.listen_all([CHANNEL, PAUSE_CHANNEL]).await?;
     Ok(listener)
 }

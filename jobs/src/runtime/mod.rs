@@ -236,6 +236,7 @@ impl Runtime {
             })
             .collect();
         let shared = Arc::new(Shared {
+            runtime_id: uuid::Uuid::new_v4(),
             pool: self.pool.clone(),
             db: db.clone(),
             handlers,
@@ -248,6 +249,7 @@ impl Runtime {
             stopping: stop_rx.clone(),
             slot_freed: Notify::new(),
             wake: wake.clone(),
+            paused_changed: std::sync::atomic::AtomicBool::new(false),
             flights: flights.clone(),
             completions,
             hard_stop: hard_rx,
@@ -535,6 +537,8 @@ async fn shutdown_signal() {
 
 /// State shared by the runtime's tasks.
 pub(crate) struct Shared {
+    /// This run's id: claims record it (`runtime_id`), and so do failed attempts.
+    runtime_id: uuid::Uuid,
     /// The application's pool, lent to handlers.
     pool: PgPool,
     /// The runtime's own connections, for its statements.
@@ -556,6 +560,8 @@ pub(crate) struct Shared {
     slot_freed: Notify,
     /// Work may be claimable: a notification arrived or claims were rescued.
     wake: Arc<Notify>,
+    /// A kind was paused or resumed (a notification): read the paused kinds again.
+    paused_changed: std::sync::atomic::AtomicBool,
     /// Claims held under a heartbeat lease, by claim token (one job may be claimed
     /// again by this runtime while a stalled earlier claim of it still runs).
     /// A claim stays here, and its lease renewed, until its outcome is written.

@@ -85,6 +85,7 @@ pub(super) async fn run(
     let mut follow_up = false;
     let mut rates = Rates::new(&shared);
     let mut floors = Floors::default();
+    let mut paused = Paused::default();
 
     loop {
         if *stop.borrow() {
@@ -99,11 +100,31 @@ pub(super) async fn run(
             armed_at = Some(Instant::now());
         }
 
+        // Paused kinds: read once per poll interval, and at once when a pause or resume
+        // notifies.
+        if shared
+            .paused_changed
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+            || paused
+                .read_at
+                .is_none_or(|at| at.elapsed() >= shared.poll_interval)
+        {
+            paused.read(&shared, &mut conn).await;
+        }
         rates.measure(&shared);
-        let (total_free, per_kind) = shared.free(&rates.ahead);
+        let (total_free, mut per_kind) = shared.free(&rates.ahead);
+        for (info, free) in &mut per_kind {
+            if paused.kinds.contains(info.kind) {
+                *free = 0;
+            }
+        }
         if total_free == 0 || per_kind.iter().all(|(_, n)| *n == 0) {
+            // While a kind is paused, look again within a poll interval even if no
+            // slot frees meanwhile.
             tokio::select! {
                 _ = shared.slot_freed.notified() => {}
+                () = sleep_if(!paused.kinds.is_empty(), shared.poll_interval) => {}
+                _ = shared.wake.notified(), if !paused.kinds.is_empty() => {}
                 _ = stop.changed() => {}
             }
             continue;
@@ -180,6 +201,46 @@ pub(super) async fn run(
     }
 }
 
+/// The kinds an operator has paused (`jobs::admin::pause`), as last read.
+#[derive(Default)]
+struct Paused {
+    kinds: std::collections::HashSet<String>,
+    read_at: Option<Instant>,
+}
+
+impl Paused {
+    /// Reads the paused kinds again; keeps the last reading if the database does not
+    /// answer (the claim that follows reports the outage).
+    async fn read(&mut self, shared: &Shared, conn: &mut Option<PoolConnection<Postgres>>) {
+        let query = async {
+            let c = match conn {
+                Some(c) => c,
+                None => conn.insert(shared.db.acquire().await?),
+            };
+            sqlx::query_scalar::<_, String>(sql::PAUSED_KINDS)
+                .fetch_all(&mut **c)
+                .await
+        };
+        self.read_at = Some(Instant::now());
+        match super::answer_within(shared.answer_within, "the paused kinds", query).await {
+            Ok(kinds) => {
+                let kinds: std::collections::HashSet<String> = kinds.into_iter().collect();
+                for kind in kinds.difference(&self.kinds) {
+                    tracing::info!(job.kind = %kind, "kind paused: not claiming it");
+                }
+                for kind in self.kinds.difference(&kinds) {
+                    tracing::info!(job.kind = %kind, "kind resumed");
+                }
+                self.kinds = kinds;
+            }
+            Err(e) => {
+                *conn = None;
+                tracing::debug!(error = %e, "cannot read the paused kinds");
+            }
+        }
+    }
+}
+
 /// Where each kind's next claim starts (see `sql::CLAIM_FLOOR_LAG`), and when the last
 /// full claim, from the start of the kinds' ranges, ran.
 #[derive(Default)]
@@ -192,10 +253,12 @@ struct Floors {
 
 impl Floors {
     /// Whether the next claim is a full one: at least once per poll interval, and no
-    /// more often than every 100 times the last full claim's duration.
+    /// more often than every 100 times the last full claim's duration (but at least
+    /// every 30 s, so that one slow full claim cannot put the next far off).
     fn full_due(&self, poll: Duration) -> bool {
-        self.last_full
-            .is_none_or(|at| at.elapsed() >= poll.max(self.full_took * 100))
+        self.last_full.is_none_or(|at| {
+            at.elapsed() >= poll.max((self.full_took * 100).min(Duration::from_secs(30)))
+        })
     }
 
     fn floor(&self, kind: &str) -> f64 {
@@ -366,6 +429,7 @@ async fn claim(
         .bind(&leases)
         .bind(i32::try_from(want).unwrap_or(i32::MAX))
         .bind(&from)
+        .bind(shared.runtime_id)
         .fetch_all(&mut **claimer)
         .await?;
     if full {
