@@ -36,7 +36,8 @@ async fn coexists_with_application_migrations_in_either_order(pool: PgPool) {
             "_sqlx_migrations",
             "app_users",
             "jobs",
-            "jobs_paused"
+            "jobs_paused",
+            "jobs_runtimes"
         ]
     );
 }
@@ -53,7 +54,7 @@ async fn application_first_then_jobs(pool: PgPool) {
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(versions, [1, 2, 3, 4]);
+    assert_eq!(versions, [1, 2, 3, 4, 5]);
 }
 
 #[sqlx::test(migrations = false)]

@@ -78,6 +78,13 @@ pub enum Command {
         /// The pending job's id.
         id: i64,
     },
+    /// The runtimes at work on the database: host, process, kinds, concurrency, claims
+    /// held, last seen.
+    Runtimes {
+        /// One JSON object per runtime and line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Stop every runtime claiming a kind (within its poll interval); running jobs
     /// finish, enqueues go on.
     Pause {

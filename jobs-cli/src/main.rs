@@ -270,6 +270,16 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
             }
             Err(e) => return Err(e.into()),
         },
+        Command::Runtimes { json } => {
+            let runtimes = admin::runtimes(&mut *conn).await?;
+            if json {
+                print(&lines(runtimes.iter().map(output::runtime_json)));
+            } else if runtimes.is_empty() {
+                print("no runtime registered\n");
+            } else {
+                print(&output::runtimes_table(&runtimes));
+            }
+        }
         Command::Pause { kind } => {
             if admin::pause(&mut *conn, &kind).await? {
                 print(&format!(

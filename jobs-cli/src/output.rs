@@ -355,6 +355,61 @@ pub fn stats_json(k: &KindStats) -> Value {
     })
 }
 
+/// The runtimes as a table.
+pub fn runtimes_table(rows: &[jobs::admin::RuntimeRow]) -> String {
+    use Align::{Left, Right};
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.to_string()[..8].to_owned(),
+                r.name
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), |n| cut(n, 24)),
+                cut(&r.host, 24),
+                r.pid.to_string(),
+                clean(&r.version),
+                cut(&r.kinds.join(","), 40),
+                r.concurrency.to_string(),
+                r.running.to_string(),
+                time(&r.started_at),
+                time(&r.last_seen),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            ("ID", Left),
+            ("NAME", Left),
+            ("HOST", Left),
+            ("PID", Right),
+            ("VERSION", Left),
+            ("KINDS", Left),
+            ("CONC", Right),
+            ("CLAIMS", Right),
+            ("STARTED", Left),
+            ("LAST SEEN", Left),
+        ],
+        &cells,
+    )
+}
+
+/// One runtime as a JSON object.
+pub fn runtime_json(r: &jobs::admin::RuntimeRow) -> Value {
+    json!({
+        "id": r.id,
+        "name": r.name,
+        "host": r.host,
+        "pid": r.pid,
+        "version": r.version,
+        "kinds": r.kinds,
+        "concurrency": r.concurrency,
+        "claims": r.running,
+        "started_at": time(&r.started_at),
+        "last_seen": time(&r.last_seen),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,6 +42,7 @@ pub(crate) const STATEMENTS: &[(&str, &str)] = &[
     ("PAUSE", PAUSE),
     ("RESUME", RESUME),
     ("PAUSED", PAUSED),
+    ("RUNTIMES", RUNTIMES),
 ];
 
 /// The columns of a [`JobRow`], in the order [`JobRow::from_row`] reads them. A claim
@@ -812,4 +813,66 @@ where
     E: PgExecutor<'e>,
 {
     Ok(sqlx::query_as(PAUSED).fetch_all(executor).await?)
+}
+
+/// The runtimes registered, oldest first, each with how many jobs it holds claimed.
+/// Index: the primary key of `jobs_runtimes`; per runtime, `jobs_running` (every
+/// running row, filtered by `runtime_id`).
+const RUNTIMES: &str = r#"
+SELECT r.id, r.name, r.host, r.pid, r.version, r.kinds, r.concurrency, r.started_at,
+       r.last_seen,
+       (SELECT count(*) FROM jobs j WHERE j.state = 'running' AND j.runtime_id = r.id) AS running
+FROM jobs_runtimes r
+ORDER BY r.started_at, r.id
+"#;
+
+/// A runtime at work on this database, as it registered itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuntimeRow {
+    /// Its id: the one its claims record ([`JobRow::runtime`]).
+    pub id: uuid::Uuid,
+    /// The name it was given (`Runtime::name`), if any.
+    pub name: Option<String>,
+    /// The host it runs on.
+    pub host: String,
+    /// Its process id on that host.
+    pub pid: i32,
+    /// This library's version in it.
+    pub version: String,
+    /// The kinds it claims.
+    pub kinds: Vec<String>,
+    /// How many jobs it runs at once.
+    pub concurrency: i32,
+    /// When it started, on the database clock.
+    pub started_at: DateTime<Utc>,
+    /// When it last said it was alive (every 5 seconds), on the database clock. Rows
+    /// not seen for 10 minutes are removed.
+    pub last_seen: DateTime<Utc>,
+    /// How many jobs it holds claimed now (running, or claimed ahead of a free slot).
+    pub running: u64,
+}
+
+/// The runtimes at work on this database, oldest first.
+pub async fn runtimes<'e, E>(executor: E) -> Result<Vec<RuntimeRow>, Error>
+where
+    E: PgExecutor<'e>,
+{
+    let rows = sqlx::query(RUNTIMES).fetch_all(executor).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(RuntimeRow {
+                id: row.try_get("id")?,
+                name: row.try_get("name")?,
+                host: row.try_get("host")?,
+                pid: row.try_get("pid")?,
+                version: row.try_get("version")?,
+                kinds: row.try_get("kinds")?,
+                concurrency: row.try_get("concurrency")?,
+                started_at: row.try_get("started_at")?,
+                last_seen: row.try_get("last_seen")?,
+                running: count(row.try_get("running")?),
+            })
+        })
+        .collect()
 }

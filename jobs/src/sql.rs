@@ -564,6 +564,24 @@ SELECT EXISTS (
 /// paused kind.
 pub(crate) const PAUSED_KINDS: &str = "SELECT kind FROM jobs_paused";
 
+/// Registers runtime `$1` (name `$2`, host `$3`, process `$4`, version `$5`, kinds `$6`,
+/// concurrency `$7`), or marks it seen now: the runtime runs it at start and every few
+/// seconds, so a row removed as stale (an outage longer than the limit) comes back.
+/// Index: the primary key of `jobs_runtimes`.
+pub(crate) const RUNTIME_SEEN: &str = r#"
+INSERT INTO jobs_runtimes (id, name, host, pid, version, kinds, concurrency)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (id) DO UPDATE SET last_seen = now()
+"#;
+
+/// Removes runtime `$1`'s row at a clean shutdown. Index: the primary key.
+pub(crate) const RUNTIME_GONE: &str = "DELETE FROM jobs_runtimes WHERE id = $1";
+
+/// Removes the rows of runtimes not seen for `$1` ms. A scan of `jobs_runtimes`, a row
+/// per runtime.
+pub(crate) const RUNTIMES_STALE: &str =
+    "DELETE FROM jobs_runtimes WHERE last_seen < now() - $1 * interval '1 millisecond'";
+
 /// Every statement of this module, by name: the tests read them all.
 pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
     #[allow(unused_mut)]
@@ -587,6 +605,9 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("ANY_DUE", ANY_DUE),
         ("HISTORY", crate::history::HISTORY),
         ("PAUSED_KINDS", PAUSED_KINDS),
+        ("RUNTIME_SEEN", RUNTIME_SEEN),
+        ("RUNTIME_GONE", RUNTIME_GONE),
+        ("RUNTIMES_STALE", RUNTIMES_STALE),
     ];
     #[cfg(feature = "metrics")]
     all.push(("LAG_DEPTH", LAG_DEPTH));

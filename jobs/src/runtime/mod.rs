@@ -11,6 +11,7 @@ mod executor;
 mod heartbeat;
 mod listener;
 mod observe;
+mod presence;
 mod producer;
 mod rescuer;
 
@@ -57,6 +58,7 @@ pub struct Runtime {
     statement_timeout: Duration,
     retain_failed: Option<Duration>,
     only: Option<Vec<String>>,
+    name: Option<String>,
 }
 
 /// How many connections of its own a runtime opens at most, with the same settings as
@@ -79,6 +81,7 @@ impl Runtime {
             statement_timeout: Duration::from_secs(30),
             retain_failed: None,
             only: None,
+            name: None,
         }
     }
 
@@ -130,6 +133,13 @@ impl Runtime {
     /// prune works in bounded batches, in a task of its own.
     pub fn retain_failed(mut self, d: Duration) -> Self {
         self.retain_failed = Some(d);
+        self
+    }
+
+    /// A name for this runtime, shown with it in `jobs::admin::runtimes` and
+    /// `jobsctl runtimes` (by default it has none; its host and process id tell it apart).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
         self
     }
 
@@ -272,6 +282,10 @@ impl Runtime {
         ];
         #[cfg(feature = "metrics")]
         background.push(tokio::spawn(observe::run(shared.clone())));
+        background.push(tokio::spawn(presence::run(
+            shared.clone(),
+            presence::Registration::new(self.name.clone(), &shared, self.concurrency),
+        )));
         // The heartbeat runs until `beat_stop` is dropped (with the guard, once every
         // outcome has been written) or set.
         let (beat_stop, beat_stop_rx) = watch::channel(false);
@@ -354,6 +368,7 @@ impl Runtime {
         // Every executor has ended, so the completer's channel closes once `shared` is
         // gone; give it the grace period to write what is queued.
         let counts = RunCounts::of(&shared.counts);
+        let runtime_id = shared.runtime_id;
         drop(shared);
         if tokio::time::timeout(self.shutdown_grace, &mut completer)
             .await
@@ -363,6 +378,8 @@ impl Runtime {
                 "could not write every completion before shutdown; those jobs will run again after their lease"
             );
         }
+        // Gone: its row goes (a runtime that dies leaves it until it is stale).
+        presence::gone(&guard.db, runtime_id).await;
         // The runtime's connections, the heartbeat's included, are closed when it returns.
         let _ = guard.beat_stop.send(true);
         let _ = tokio::task::spawn_blocking(move || beat.join()).await;
