@@ -196,12 +196,27 @@ impl Runtime {
         }
         // The runtime's own connections: same settings (and connect hooks) as the
         // application's pool, so its statements never queue behind handlers.
+        let answer_within = self.statement_timeout;
         let db = self
             .pool
             .options()
             .clone()
             .max_connections(RUNTIME_CONNECTIONS - 1) // the heartbeat has its own
             .min_connections(0)
+            // A statement abandoned at its time limit leaves its connection in the
+            // middle of an answer, and sqlx pings every released connection with no time
+            // limit: a silently dead one never answers, and its slot in this small pool
+            // would be lost for good (with five of them the runtime stalls). Test it here
+            // within the limit first, and close it if it does not answer. (This replaces
+            // an `after_release` hook of the application's pool for these connections.)
+            .after_release(move |conn, _meta| {
+                Box::pin(async move {
+                    use sqlx::Connection;
+                    Ok(tokio::time::timeout(answer_within, conn.ping())
+                        .await
+                        .is_ok_and(|pinged| pinged.is_ok()))
+                })
+            })
             // No server-side `statement_timeout` startup option: PgBouncer refuses the
             // `options` startup parameter. The time limit is the runtime's own.
             .connect_lazy_with((*self.pool.connect_options()).clone());
