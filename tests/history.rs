@@ -5,9 +5,21 @@ mod common;
 use std::time::Duration;
 
 use common::{Running, runtime, wait_until};
+use jobs::admin::JobState;
 use jobs::{FailureKind, Job, JobContext, JobError};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+
+/// Waits until job `id` is in `state`.
+async fn wait_state(pool: &PgPool, id: i64, state: JobState) {
+    wait_until(&format!("job {id} {state}"), || async {
+        jobs::admin::get(pool, id)
+            .await
+            .unwrap()
+            .is_some_and(|j| j.state == state)
+    })
+    .await;
+}
 
 #[derive(Job, Serialize, Deserialize)]
 #[job(
@@ -62,20 +74,8 @@ async fn failed_attempts_are_kept_with_their_kind_and_runtime(pool: PgPool) {
     .unwrap();
 
     let rt = Running::start(runtime(&pool, &["hist.steps"]));
-    wait_until("the job succeeded on its fourth attempt", || async {
-        jobs::admin::get(&pool, id)
-            .await
-            .unwrap()
-            .is_some_and(|j| j.state == jobs::admin::JobState::Done)
-    })
-    .await;
-    wait_until("the bad payload failed", || async {
-        jobs::admin::get(&pool, bad)
-            .await
-            .unwrap()
-            .is_some_and(|j| j.state == jobs::admin::JobState::Failed)
-    })
-    .await;
+    wait_state(&pool, id, JobState::Done).await;
+    wait_state(&pool, bad, JobState::Failed).await;
     rt.stop().await;
 
     let job = jobs::admin::get(&pool, id).await.unwrap().unwrap();
@@ -130,13 +130,7 @@ async fn always(_job: Always, ctx: JobContext) -> Result<(), JobError> {
 async fn the_history_keeps_the_last_20_attempts(pool: PgPool) {
     let id = Always {}.enqueue(&pool).await.unwrap().id;
     let rt = Running::start(runtime(&pool, &["hist.always"]));
-    wait_until("out of attempts", || async {
-        jobs::admin::get(&pool, id)
-            .await
-            .unwrap()
-            .is_some_and(|j| j.state == jobs::admin::JobState::Failed)
-    })
-    .await;
+    wait_state(&pool, id, JobState::Failed).await;
     rt.stop().await;
     let job = jobs::admin::get(&pool, id).await.unwrap().unwrap();
     let attempts: Vec<u32> = job.errors.iter().map(|e| e.attempt).collect();
@@ -173,13 +167,7 @@ async fn a_rescued_attempt_names_the_runtime_that_held_it(pool: PgPool) {
     tokio::time::sleep(Duration::from_millis(20)).await;
 
     let rt = Running::start(runtime(&pool, &["hist.ok"]));
-    wait_until("rescued and run", || async {
-        jobs::admin::get(&pool, id)
-            .await
-            .unwrap()
-            .is_some_and(|j| j.state == jobs::admin::JobState::Done)
-    })
-    .await;
+    wait_state(&pool, id, JobState::Done).await;
     rt.stop().await;
     let job = jobs::admin::get(&pool, id).await.unwrap().unwrap();
     assert_eq!(job.errors.len(), 1, "{:?}", job.errors);

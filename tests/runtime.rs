@@ -337,27 +337,7 @@ async fn claim_reads_only_its_kinds_claimable_rows(pool: PgPool) {
         ("force_custom_plan", jobs::__private::CLAIM_FROM_SQL),
         ("force_generic_plan", jobs::__private::CLAIM_FROM_SQL),
     ] {
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SET LOCAL plan_cache_mode = {mode}"
-        )))
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}"
-        )))
-        .bind(vec!["rt.count"])
-        .bind(vec![10i32])
-        .bind(vec![Some(30_000i64)])
-        .bind(10i32)
-        .bind(vec![floor])
-        .bind(uuid::Uuid::nil())
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-        tx.rollback().await.unwrap();
-
+        let plan = claim_plan(&pool, statement, floor, mode).await;
         let text = plan.to_string();
         assert!(
             text.contains("\"Index Name\":\"jobs_claim\""),
@@ -1114,9 +1094,16 @@ async fn claims_taken_ahead_respect_concurrency_and_are_handed_back_at_shutdown(
 // A held xmin horizon: claimed and finished rows leave index entries nobody may
 // remove. The claim from a floor starts past them; a full claim finds what lies behind.
 
-/// Blocks an `EXPLAIN (ANALYZE, BUFFERS)` of `statement` (a claim of 10) read.
-async fn claim_blocks(pool: &PgPool, statement: &str, floor: f64) -> (i64, i64) {
+/// The plan of a claim of 10 `rt.count` jobs by `statement` from `floor`, executed
+/// (`EXPLAIN ANALYZE`, with buffers) and rolled back, under `plan_cache_mode`.
+async fn claim_plan(pool: &PgPool, statement: &str, floor: f64, mode: &str) -> serde_json::Value {
     let mut tx = pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SET LOCAL plan_cache_mode = {mode}"
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
     let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}"
     )))
@@ -1130,6 +1117,12 @@ async fn claim_blocks(pool: &PgPool, statement: &str, floor: f64) -> (i64, i64) 
     .await
     .unwrap();
     tx.rollback().await.unwrap();
+    plan
+}
+
+/// Blocks a claim of 10 by `statement` read, and how many rows it claimed.
+async fn claim_blocks(pool: &PgPool, statement: &str, floor: f64) -> (i64, i64) {
+    let plan = claim_plan(pool, statement, floor, "auto").await;
     let top = &plan[0]["Plan"];
     (
         top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap(),
