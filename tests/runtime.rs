@@ -1234,3 +1234,53 @@ async fn a_job_locked_while_claims_passed_it_still_runs(pool: PgPool) {
     .await;
     rt.stop().await;
 }
+
+// A kind's own concurrency holds with claims taken ahead.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.capped", concurrency = 2)]
+struct Capped {}
+
+static CAPPED_RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static CAPPED_MAX: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+#[jobs::handler]
+async fn capped(_job: Capped, ctx: JobContext) -> Result<(), JobError> {
+    let now = CAPPED_RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+    CAPPED_MAX.fetch_max(now, Ordering::SeqCst);
+    let result = record(&ctx, "capped").await;
+    tokio::task::yield_now().await;
+    CAPPED_RUNNING.fetch_sub(1, Ordering::SeqCst);
+    result
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_kinds_concurrency_holds_with_claims_taken_ahead(pool: PgPool) {
+    setup(&pool).await;
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..2_000 {
+        batch.push(&Capped {}).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let rt = Running::start(runtime(&pool, &["rt.capped"]).concurrency(10));
+    let ahead_seen = AtomicBool::new(false);
+    wait_until("every capped job ran", || async {
+        // Claims held beyond the kind's two slots show that it claimed ahead.
+        if count(&pool, "running").await > 2 {
+            ahead_seen.store(true, Ordering::SeqCst);
+        }
+        runs(&pool, "capped").await == 2_000
+    })
+    .await;
+    rt.stop().await;
+    assert!(
+        ahead_seen.load(Ordering::SeqCst),
+        "the runtime claimed ahead of the kind's slots"
+    );
+    assert_eq!(CAPPED_MAX.load(Ordering::SeqCst), 2, "at most two at once");
+    let distinct: i64 = sqlx::query_scalar("SELECT count(DISTINCT job_id) FROM runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(distinct, 2_000, "each ran once");
+}
