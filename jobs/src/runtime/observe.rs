@@ -36,12 +36,7 @@ pub(crate) fn claimed(kind: &'static str, waited_seconds: f64) {
     let _ = (kind, waited_seconds);
 }
 
-pub(crate) fn finished(
-    counts: &Counts,
-    kind: &'static str,
-    outcome: &'static str,
-    took: Option<Duration>,
-) {
+pub(crate) fn finished(counts: &Counts, kind: &'static str, outcome: &'static str, took: Duration) {
     let counter = match outcome {
         "succeeded" => &counts.succeeded,
         "retried" => &counts.retried,
@@ -54,11 +49,8 @@ pub(crate) fn finished(
     #[cfg(feature = "metrics")]
     {
         metrics::counter!("jobs_finished_total", "kind" => kind, "outcome" => outcome).increment(1);
-        // A claim that ended before its handler started has no duration to report.
-        if let Some(took) = took {
-            metrics::histogram!("jobs_handler_duration_seconds", "kind" => kind)
-                .record(took.as_secs_f64());
-        }
+        metrics::histogram!("jobs_handler_duration_seconds", "kind" => kind)
+            .record(took.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (kind, took);
