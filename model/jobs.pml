@@ -237,7 +237,8 @@ inline FAIL(i, perm) {
     fi
 }
 
-/* RELEASE: snooze; the attempt is given back; run_after = least(rerun_after, now()+delay) */
+/* RELEASE: snooze; the attempt is given back; run_after = least(rerun_after, now()+delay),
+   never before now (in the model's ticks, the same) */
 inline RELEASE(i) {
     row[i].st = PENDING; row[i].att--; row[i].gc--;
     if

@@ -1284,3 +1284,185 @@ async fn a_kinds_concurrency_holds_with_claims_taken_ahead(pool: PgPool) {
         .unwrap();
     assert_eq!(distinct, 2_000, "each ran once");
 }
+
+// ---------------------------------------------------------------------------------
+// Claims taken ahead whose slot does not free go back, so another runtime runs them.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.stuck")]
+struct Stuck {
+    block: bool,
+}
+
+static STUCK_RELEASE: AtomicBool = AtomicBool::new(false);
+
+#[jobs::handler]
+async fn stuck(job: Stuck, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, if job.block { "stuck-block" } else { "stuck" }).await?;
+    while job.block && !STUCK_RELEASE.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn claims_held_ahead_of_a_slot_that_does_not_free_go_to_another_runtime(pool: PgPool) {
+    setup(&pool).await;
+    // As in the test above: fast jobs so that runtime A claims ahead, then one that
+    // holds A's only slot (until the end of the test), then jobs behind it.
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..3_000 {
+        batch.push(&Stuck { block: false }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    Stuck { block: true }.enqueue(&pool).await.unwrap();
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..300 {
+        batch.push(&Stuck { block: false }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+
+    let a = Running::start(runtime(&pool, &["rt.stuck"]).concurrency(1));
+    wait_until("the blocking job started", || async {
+        runs(&pool, "stuck-block").await == 1
+    })
+    .await;
+    wait_until("claims taken ahead of the busy slot", || async {
+        count(&pool, "running").await > 1
+    })
+    .await;
+    // Runtime B has free slots: every job behind the blocked one runs, those A held
+    // ahead included, while A's slot stays busy.
+    let b = Running::start(runtime(&pool, &["rt.stuck"]).concurrency(4));
+    wait_until("every other job ran", || async {
+        runs(&pool, "stuck").await == 3_300
+    })
+    .await;
+    assert_eq!(
+        count(&pool, "running").await,
+        1,
+        "only the blocked job is held"
+    );
+    STUCK_RELEASE.store(true, Ordering::SeqCst);
+    a.stop().await;
+    b.stop().await;
+    let (total, distinct): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT job_id) FROM runs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((total, distinct), (3_301, 3_301), "each job ran once");
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 0, "every job completed");
+}
+
+// ---------------------------------------------------------------------------------
+// A re-run whose trigger came while the job ran is claimed at once when the run ends,
+// even though the runtime's claims have moved past the trigger's time.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.rerun_floor", key = "key")]
+struct RerunFloor {
+    key: String,
+    n: u32,
+}
+
+#[jobs::handler]
+async fn rerun_floor(job: RerunFloor, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, &format!("rerun-{}-{}", job.key, job.n)).await?;
+    if job.key == "slow" && job.n == 1 {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+    }
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_rerun_mark_is_not_left_behind_the_claims_floor(pool: PgPool) {
+    setup(&pool).await;
+    // Polling once an hour: only the completion's wake-up and the floor claim it
+    // triggers can start the re-run in time.
+    let rt = Running::start(
+        runtime(&pool, &["rt.rerun_floor"])
+            .concurrency(4)
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    let slow = |n| RerunFloor {
+        key: "slow".into(),
+        n,
+    };
+    slow(1).enqueue(&pool).await.unwrap();
+    wait_until("the slow run started", || async {
+        runs(&pool, "rerun-slow-1").await == 1
+    })
+    .await;
+    // A trigger while it runs: a re-run mark at this instant.
+    slow(2).enqueue(&pool).await.unwrap();
+    // Later jobs of the kind, claimed while the slow one runs: the floor moves past
+    // the mark's time.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..5 {
+        RerunFloor {
+            key: format!("other{i}"),
+            n: 1,
+        }
+        .enqueue(&pool)
+        .await
+        .unwrap();
+    }
+    wait_until("the re-run ran", || async {
+        runs(&pool, "rerun-slow-2").await == 1
+    })
+    .await;
+    rt.stop().await;
+}
+
+/// A statement of the crate, by its constant's name.
+fn statement(name: &str) -> &'static str {
+    jobs::__private::statements()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, sql)| sql)
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_keeping_completion_leaves_a_claim_of_a_kind_without_history_to_the_delete(
+    pool: PgPool,
+) {
+    // A claim of a kind that keeps no done rows, which the delete skipped because a
+    // renewal held its row; by the time the keeping completion runs the row is free.
+    let token = uuid::Uuid::new_v4();
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO jobs (kind, payload, max_attempts, state, attempts, claimed_by, claimed_until) \
+         VALUES ('rt.count', '{\"n\":1}', 3, 'running', 1, $1, now() + interval '1 minute') RETURNING id",
+    )
+    .bind(token)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let keep = |kept: bool| {
+        sqlx::query_as::<_, (i64, bool, bool)>(statement("COMPLETE_KEEP"))
+            .bind(vec![id])
+            .bind(vec![token])
+            .bind(vec![None::<i64>])
+            .bind(vec![kept])
+    };
+    let row = keep(false).fetch_one(&pool).await.unwrap();
+    assert_eq!(
+        row,
+        (id, false, true),
+        "not completed, still held: the delete retries"
+    );
+    let state: String = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "running", "no done row for a kind that keeps none");
+    // A kind that keeps its done rows is completed here.
+    let (_, done, _) = keep(true).fetch_one(&pool).await.unwrap();
+    assert!(done);
+}

@@ -787,11 +787,7 @@ pub async fn pause<'e, E>(executor: E, kind: &str) -> Result<bool, Error>
 where
     E: PgExecutor<'e>,
 {
-    let n: i64 = sqlx::query_scalar(PAUSE)
-        .bind(kind)
-        .fetch_one(executor)
-        .await?;
-    Ok(n > 0)
+    notified(executor, PAUSE, kind).await
 }
 
 /// Resumes a paused kind: runtimes claim it again, an idle one at once (a notification
@@ -800,7 +796,15 @@ pub async fn resume<'e, E>(executor: E, kind: &str) -> Result<bool, Error>
 where
     E: PgExecutor<'e>,
 {
-    let n: i64 = sqlx::query_scalar(RESUME)
+    notified(executor, RESUME, kind).await
+}
+
+/// Runs [`PAUSE`] or [`RESUME`] for `kind`: whether it changed anything (and notified).
+async fn notified<'e, E>(executor: E, statement: &'static str, kind: &str) -> Result<bool, Error>
+where
+    E: PgExecutor<'e>,
+{
+    let n: i64 = sqlx::query_scalar(statement)
         .bind(kind)
         .fetch_one(executor)
         .await?;

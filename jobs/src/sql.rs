@@ -228,11 +228,12 @@ pub(crate) const CLAIM: &str = claim!("");
 /// 1,000 jobs/s from 0.2 ms to 8 ms within a minute (BENCHMARKS.md, `horizon`).
 ///
 /// So a runtime starts each claim at a floor: the latest run-after it has claimed of
-/// the kind, less this lag. Rows behind the floor are claimed rows, except a few: a row
-/// whose transaction committed more than the lag after its enqueue began, one that was
-/// locked (by a claimer that then rolled back, or by the application) when claims
-/// passed it, one put back with an earlier run-after (a re-run mark of a trigger that
-/// arrived while it ran). A full claim from the start of the range (
+/// the kind, less this lag. Every statement that makes a row pending sets a run-after
+/// no earlier than its own time (FAIL, RELEASE, RESCUE, COMPLETE_KEEP and enqueue), so
+/// rows behind the floor are claimed rows, except a few: a row whose transaction
+/// committed more than the lag after its statement, one that was locked (by a claimer
+/// that then rolled back, or by the application) when claims passed it, one an
+/// operator retried inside a long transaction. A full claim from the start of the range (
 /// [`CLAIM`]) finds those: at least every poll interval, and, while full claims are
 /// slow, no more than 1 % of the claimer's time (one every 100 times its duration, and
 /// at least every 30 s).
@@ -342,7 +343,8 @@ RETURNING j.id
 "#;
 
 /// Completes the claims `($1[i], $2[i])` without deleting them: a job marked for a
-/// re-run goes back to pending at its trigger's run-after with a fresh attempt budget,
+/// re-run goes back to pending at its trigger's run-after (or now, if that has passed:
+/// never behind the claims' floor, [`CLAIM_FLOOR_LAG`]) with a fresh attempt budget,
 /// a periodic one (`$3[i]` its period in ms) is re-armed one period from now, any other
 /// becomes `done`. Returns, per claim, whether it was completed and, if not, whether it
 /// is still held (its row is locked by another transaction: try again later) or gone
@@ -350,14 +352,23 @@ RETURNING j.id
 ///
 /// `SKIP LOCKED` and one global order (by id), as [`COMPLETE_DELETE`]. Index: primary
 /// key. Times are `statement_timestamp()`, as there.
+///
+/// `$4[i]` says whether the kind keeps done rows. A claim of a kind that keeps none
+/// comes here only when [`COMPLETE_DELETE`] skipped it: for a re-run mark, or because
+/// its row was locked. Only the first is completed here; the second is left (reported
+/// held, so the completer tries the delete again), or it would stay behind as a `done`
+/// row no retention ever prunes (a renewal holding the row between the delete and this
+/// statement was enough).
 pub(crate) const COMPLETE_KEEP: &str = r#"
 WITH c AS (
-    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, every_ms)
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::bool[])
+        AS c(id, token, every_ms, keep)
 ),
 mine AS MATERIALIZED (
     SELECT j.id
     FROM jobs j JOIN c ON j.id = c.id
     WHERE j.claimed_by = c.token AND j.claimed_until > statement_timestamp()
+      AND (c.keep OR c.every_ms IS NOT NULL OR j.rerun_after IS NOT NULL)
     ORDER BY j.id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ),
@@ -365,7 +376,8 @@ done AS (
     UPDATE jobs j SET
         state = CASE WHEN j.rerun_after IS NOT NULL OR c.every_ms IS NOT NULL
                      THEN 'pending' ELSE 'done' END,
-        run_after = CASE WHEN j.rerun_after IS NOT NULL THEN j.rerun_after
+        run_after = CASE WHEN j.rerun_after IS NOT NULL
+                         THEN greatest(j.rerun_after, statement_timestamp())
                          WHEN c.every_ms IS NOT NULL
                          THEN statement_timestamp() + c.every_ms * interval '1 millisecond'
                          ELSE j.run_after END,
@@ -430,16 +442,20 @@ WHERE j.id = $1 AND j.claimed_by = $2 AND j.claimed_until > now()
 RETURNING j.state
 "#;
 
-/// Gives claim `($1, $2)` back without spending its attempt: snooze (`$3` ms) and the
-/// hand-back at shutdown (`$3` = 0). A trigger that arrived meanwhile keeps its earlier
-/// run-after.
+/// Gives claim `($1, $2)` back without spending its attempt: snooze (`$3` ms), the
+/// hand-back at shutdown and of a claim held ahead that found no slot (`$3` = 0). A
+/// trigger that arrived meanwhile keeps its earlier run-after, but never one before
+/// now: a row put back behind the claims' floor ([`CLAIM_FLOOR_LAG`]) would wait for
+/// the next full claim.
 ///
 /// Index: primary key.
 pub(crate) const RELEASE: &str = r#"
 UPDATE jobs j SET
     state = 'pending',
     attempts = greatest(j.attempts - 1, 0),
-    run_after = least(coalesce(j.rerun_after, 'infinity'), now() + $3 * interval '1 millisecond'),
+    run_after = greatest(
+        least(coalesce(j.rerun_after, 'infinity'), now() + $3 * interval '1 millisecond'),
+        now()),
     rerun_after = NULL,
     claimed_by = NULL,
     claimed_until = NULL

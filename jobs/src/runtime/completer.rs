@@ -50,6 +50,9 @@ pub(crate) struct Written {
     pub done: HashSet<i64>,
     /// Claims still current whose row another transaction holds: try again.
     pub locked: HashSet<i64>,
+    /// Whether a job of a kind without history went back to pending (a re-run mark):
+    /// it may be claimable now.
+    pub again: bool,
 }
 
 /// Completes one claim on `conn` (inside the caller's transaction, which holds the
@@ -95,14 +98,18 @@ pub(crate) async fn complete_batch(
         let ids: Vec<i64> = rest.iter().map(|c| c.id).collect();
         let tokens: Vec<Uuid> = rest.iter().map(|c| c.token).collect();
         let every: Vec<Option<i64>> = rest.iter().map(|c| c.every_ms).collect();
+        let keep: Vec<bool> = rest.iter().map(|c| c.keep).collect();
         let kept: Vec<(i64, bool, bool)> = sqlx::query_as(sql::COMPLETE_KEEP)
             .bind(&ids)
             .bind(&tokens)
             .bind(&every)
+            .bind(&keep)
             .fetch_all(&mut *conn)
             .await?;
         for (id, done, held) in kept {
             if done {
+                // Of a kind without history, only a re-run mark completes here.
+                written.again |= delete.iter().any(|c| c.id == id);
                 written.done.insert(id);
             } else if held {
                 written.locked.insert(id);
@@ -186,7 +193,8 @@ pub(crate) async fn run(
                 Ok(written) => {
                     // A re-armed, re-run or refused job may be claimable now; a
                     // completion that only waits for a locked row is not news.
-                    if batch.iter().any(|c| c.keep || c.every_ms.is_some())
+                    if written.again
+                        || batch.iter().any(|c| c.keep || c.every_ms.is_some())
                         || written.done.len() + written.locked.len() < batch.len()
                     {
                         wake.notify_one();

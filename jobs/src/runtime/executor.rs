@@ -104,15 +104,16 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     };
 
     // A claim taken ahead of a free slot waits here for one, its lease renewed
-    // meanwhile. If shutdown begins first it is handed back unstarted (its attempt
-    // not counted); if its lease is lost meanwhile it never starts.
+    // meanwhile. If shutdown begins first, or no slot frees within `SLOT_WAIT_MAX`, it
+    // is handed back unstarted (its attempt not counted); if its lease is lost
+    // meanwhile it never starts.
     let _slot = match slot(&shared, handler.kind, &inner).await {
         Ok(slot) => slot,
         Err(outcome) => {
             inner.finished.store(true, Ordering::Release);
             let label = outcome.label(&job);
             tracing::Span::current().record("job.outcome", label);
-            observe::finished(&shared.counts, handler.kind, label, Duration::ZERO);
+            observe::finished(&shared.counts, handler.kind, label, None);
             tracing::debug!(outcome = label, "claim ended before its handler started");
             finish(&shared, &inner, job.claimed_at, outcome).await;
             return;
@@ -138,7 +139,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     }
     let label = outcome.label(&job);
     tracing::Span::current().record("job.outcome", label);
-    observe::finished(&shared.counts, handler.kind, label, started.elapsed());
+    observe::finished(&shared.counts, handler.kind, label, Some(started.elapsed()));
     match &outcome {
         Outcome::Succeeded => tracing::debug!("job succeeded"),
         Outcome::Retry(kind, e) | Outcome::Permanent(kind, e) => {
@@ -163,6 +164,14 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     }
 }
 
+/// How long a claim waits for a slot before it goes back unstarted. A claim taken
+/// ahead waits about `AHEAD_FOR` (50 ms) when the kind's jobs keep their pace; one that
+/// waits a second sits behind handlers that stopped finishing (longer jobs than the
+/// rate promised, or a handler that hangs), and another runtime may have free slots:
+/// it is handed back (`RELEASE`, no attempt spent) rather than kept, leased and renewed,
+/// for as long as those handlers take.
+const SLOT_WAIT_MAX: Duration = Duration::from_secs(1);
+
 /// The permits a running handler holds: one of the runtime's slots, and one of its
 /// kind's when the kind has a concurrency of its own.
 type Slot = (
@@ -170,7 +179,8 @@ type Slot = (
     tokio::sync::OwnedSemaphorePermit,
 );
 
-/// Waits for a free slot for a claim of `kind`, or for a reason not to run it.
+/// Waits for a free slot for a claim of `kind`, or for a reason not to run it:
+/// shutdown, a lost lease, or no slot within `SLOT_WAIT_MAX`.
 async fn slot(shared: &Shared, kind: &str, job: &Inner) -> Result<Slot, Outcome> {
     let mut stopping = shared.stopping.clone();
     let mut hard_stop = shared.hard_stop.clone();
@@ -195,6 +205,7 @@ async fn slot(shared: &Shared, kind: &str, job: &Inner) -> Result<Slot, Outcome>
             // The semaphores are never closed.
             _ => Err(Outcome::Stopped),
         },
+        () = tokio::time::sleep(SLOT_WAIT_MAX) => Err(Outcome::Stopped),
     }
 }
 

@@ -447,7 +447,8 @@ pub struct RunCounts {
     pub snoozed: u64,
     /// Runs whose lease was lost.
     pub lease_lost: u64,
-    /// Runs cancelled at shutdown, their jobs handed back.
+    /// Claims handed back: runs cancelled at shutdown, and claims taken ahead that went
+    /// back unstarted (at shutdown, or finding no slot within a second).
     pub handed_back: u64,
 }
 
@@ -623,14 +624,21 @@ pub(crate) struct Flight {
 }
 
 impl Shared {
+    /// Free capacity for claims, in all: the concurrency plus what the kinds claim
+    /// ahead of free slots (`total_ahead`), less the claims held.
+    fn total_free(&self, total_ahead: usize) -> usize {
+        let held = self.held.lock().expect("lock poisoned").total;
+        (self.concurrency + total_ahead).saturating_sub(held)
+    }
+
     /// Free capacity for claims, in all and per kind: a kind may hold its concurrency
     /// plus what it claims `ahead` of a free slot.
     fn free(
         &self,
         ahead: &HashMap<&'static str, usize>,
+        total_ahead: usize,
     ) -> (usize, Vec<(&'static HandlerInfo, usize)>) {
         let held = self.held.lock().expect("lock poisoned");
-        let total_ahead: usize = ahead.values().sum();
         let total_free = (self.concurrency + total_ahead).saturating_sub(held.total);
         let per_kind = self
             .handlers

@@ -36,7 +36,12 @@ pub(crate) fn claimed(kind: &'static str, waited_seconds: f64) {
     let _ = (kind, waited_seconds);
 }
 
-pub(crate) fn finished(counts: &Counts, kind: &'static str, outcome: &'static str, took: Duration) {
+pub(crate) fn finished(
+    counts: &Counts,
+    kind: &'static str,
+    outcome: &'static str,
+    took: Option<Duration>,
+) {
     let counter = match outcome {
         "succeeded" => &counts.succeeded,
         "retried" => &counts.retried,
@@ -49,8 +54,11 @@ pub(crate) fn finished(counts: &Counts, kind: &'static str, outcome: &'static st
     #[cfg(feature = "metrics")]
     {
         metrics::counter!("jobs_finished_total", "kind" => kind, "outcome" => outcome).increment(1);
-        metrics::histogram!("jobs_handler_duration_seconds", "kind" => kind)
-            .record(took.as_secs_f64());
+        // A claim that ended before its handler started has no duration to report.
+        if let Some(took) = took {
+            metrics::histogram!("jobs_handler_duration_seconds", "kind" => kind)
+                .record(took.as_secs_f64());
+        }
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (kind, took);

@@ -112,7 +112,7 @@ pub(super) async fn run(
             paused.read(&shared, &mut conn).await;
         }
         rates.measure(&shared);
-        let (total_free, mut per_kind) = shared.free(&rates.ahead);
+        let (total_free, mut per_kind) = shared.free(&rates.ahead, rates.total);
         for (info, free) in &mut per_kind {
             if paused.kinds.contains(info.kind) {
                 *free = 0;
@@ -154,8 +154,8 @@ pub(super) async fn run(
         // jobs/s, full claims 44k). Short handlers free their slots within the window;
         // long ones cost at most the window per claim. With claims held ahead, the
         // claim tops them up once half are gone, before the handlers run dry.
-        let capacity = shared.concurrency + rates.total_ahead();
-        let target = if rates.total_ahead() > 0 {
+        let capacity = shared.concurrency + rates.total;
+        let target = if rates.total > 0 {
             capacity / 2
         } else {
             shared.concurrency
@@ -163,7 +163,7 @@ pub(super) async fn run(
         if total_free < target && !batch_window_used {
             batch_window_used = true;
             let _ = tokio::time::timeout(BATCH_WINDOW, async {
-                while shared.free(&rates.ahead).0 < target {
+                while shared.total_free(rates.total) < target {
                     shared.slot_freed.notified().await;
                 }
             })
@@ -275,7 +275,9 @@ struct Rates {
     ended: HashMap<&'static str, u64>,
     /// Claims ended per second, smoothed over the last few measurements.
     rate: HashMap<&'static str, f64>,
-    pub ahead: HashMap<&'static str, usize>,
+    ahead: HashMap<&'static str, usize>,
+    /// The sum of `ahead`.
+    total: usize,
 }
 
 impl Rates {
@@ -285,11 +287,8 @@ impl Rates {
             ended: shared.ended(),
             rate: HashMap::new(),
             ahead: HashMap::new(),
+            total: 0,
         }
-    }
-
-    fn total_ahead(&self) -> usize {
-        self.ahead.values().sum()
     }
 
     /// Measures the rates again if `RATE_EVERY` has passed.
@@ -320,6 +319,7 @@ impl Rates {
                 (kind, n)
             })
             .collect();
+        self.total = self.ahead.values().sum();
         self.at = Instant::now();
         self.ended = ended;
     }
@@ -438,18 +438,17 @@ async fn claim(
     }
     let more = rows.len() >= want;
     for row in rows {
-        if let (Some(&handler), Some(run_after)) = (shared.handlers.get(row.1.as_str()), row.7) {
-            let latest = floors.latest.entry(handler.kind).or_insert(run_after);
-            *latest = latest.max(run_after);
-        }
-        start(shared, row, executors);
+        start(shared, row, floors, executors);
     }
     Ok(more)
 }
 
+/// Starts the executor of a claimed job, and moves its kind's floor up to the job's
+/// run-after.
 fn start(
     shared: &Arc<Shared>,
-    (id, kind, attempts, max_attempts, token, payload, waited, _): ClaimRow,
+    (id, kind, attempts, max_attempts, token, payload, waited, run_after): ClaimRow,
+    floors: &mut Floors,
     executors: &mut JoinSet<()>,
 ) {
     let Some(&handler) = shared.handlers.get(kind.as_str()) else {
@@ -457,6 +456,10 @@ fn start(
         tracing::error!(job.id = id, job.kind = %kind, "claimed a job of a kind with no handler");
         return;
     };
+    if let Some(run_after) = run_after {
+        let latest = floors.latest.entry(handler.kind).or_insert(run_after);
+        *latest = latest.max(run_after);
+    }
     shared.take_slot(handler.kind);
     observe::claimed(handler.kind, waited.unwrap_or(0.0));
     let claimed = Claimed {
