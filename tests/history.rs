@@ -26,7 +26,7 @@ async fn wait_state(pool: &PgPool, id: i64, state: JobState) {
     kind = "hist.steps",
     max_attempts = 5,
     backoff = "10ms",
-    timeout = "200ms",
+    timeout = "1s",
     retain = "1h"
 )]
 struct Steps {}
