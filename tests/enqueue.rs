@@ -439,3 +439,152 @@ async fn one_notification_per_kind_per_transaction(pool: PgPool) {
         ["test.keyed", "test.plain", "test.plain", "test.two_keys"]
     );
 }
+
+// ---------------------------------------------------------------------------------
+// Per-enqueue options.
+
+/// The job's run-after less its row's creation, in seconds, and its max_attempts.
+async fn scheduled(pool: &PgPool, id: i64) -> (f64, i32) {
+    sqlx::query_as(
+        "SELECT extract(epoch FROM run_after - created_at)::float8, max_attempts FROM jobs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn enqueue_with_sets_delay_instant_and_attempts(pool: PgPool) {
+    use jobs::EnqueueOptions;
+    use sqlx::types::chrono::{DateTime, Utc};
+
+    let delayed = Plain { n: 1 }
+        .enqueue_with(
+            &pool,
+            EnqueueOptions::new()
+                .delay(Duration::from_secs(600))
+                .max_attempts(3),
+        )
+        .await
+        .unwrap();
+    let (ahead, max_attempts) = scheduled(&pool, delayed.id).await;
+    assert!((600.0..601.0).contains(&ahead), "{ahead}");
+    assert_eq!(max_attempts, 3);
+
+    // An instant chosen by the application, here an hour ahead of the database's clock:
+    // stored as given.
+    let at: DateTime<Utc> =
+        sqlx::query_scalar("SELECT date_trunc('second', now()) + interval '1 hour'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let timed = Keyed {
+        id: 1,
+        note: "at".into(),
+    }
+    .enqueue_with(&pool, EnqueueOptions::new().at(at))
+    .await
+    .unwrap();
+    let row = jobs::admin::get(&pool, timed.id).await.unwrap().unwrap();
+    assert_eq!(row.run_after, at);
+    assert_eq!(row.max_attempts, 20, "the kind's default");
+
+    // An instant already past counts as now: the job is due, never behind the
+    // enqueue's own time.
+    let past = Plain { n: 2 }
+        .enqueue_with(&pool, EnqueueOptions::new().at(DateTime::<Utc>::MIN_UTC))
+        .await
+        .unwrap();
+    let (ahead, _) = scheduled(&pool, past.id).await;
+    assert!((0.0..1.0).contains(&ahead), "{ahead}");
+
+    // The last of delay and at wins.
+    let last = Plain { n: 3 }
+        .enqueue_with(&pool, EnqueueOptions::new().at(at).delay(Duration::ZERO))
+        .await
+        .unwrap();
+    let (ahead, _) = scheduled(&pool, last.id).await;
+    assert!((0.0..1.0).contains(&ahead), "{ahead}");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn enqueue_with_refuses_options_the_database_cannot_keep(pool: PgPool) {
+    use jobs::EnqueueOptions;
+    use sqlx::types::chrono::{DateTime, Utc};
+
+    let err = Plain { n: 1 }
+        .enqueue_with(&pool, EnqueueOptions::new().max_attempts(0))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, jobs::Error::InvalidInput(_)), "{err}");
+    assert!(err.to_string().contains("at least one attempt"), "{err}");
+
+    let err = Plain { n: 1 }
+        .enqueue_with(&pool, EnqueueOptions::new().at(DateTime::<Utc>::MAX_UTC))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("1,000 years"), "{err}");
+
+    let mut batch = EnqueueBatch::new();
+    assert!(
+        batch
+            .push_with(&Plain { n: 1 }, EnqueueOptions::new().max_attempts(0))
+            .is_err()
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "nothing was written");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn batches_take_options_per_job(pool: PgPool) {
+    use jobs::EnqueueOptions;
+    use sqlx::types::chrono::{DateTime, Utc};
+
+    let at: DateTime<Utc> =
+        sqlx::query_scalar("SELECT date_trunc('second', now()) + interval '2 hours'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let mut batch = EnqueueBatch::new();
+    batch
+        .push_with(
+            &Plain { n: 1 },
+            EnqueueOptions::new().at(at).max_attempts(2),
+        )
+        .unwrap()
+        .push_with(
+            &Keyed {
+                id: 5,
+                note: "later".into(),
+            },
+            EnqueueOptions::new().delay(Duration::from_secs(60)),
+        )
+        .unwrap()
+        .push(&Plain { n: 2 })
+        .unwrap();
+    let done = batch.enqueue(&pool).await.unwrap();
+
+    let first = jobs::admin::get(&pool, done[0].id).await.unwrap().unwrap();
+    assert_eq!((first.run_after, first.max_attempts), (at, 2));
+    let (ahead, max_attempts) = scheduled(&pool, done[1].id).await;
+    assert!((60.0..61.0).contains(&ahead), "{ahead}");
+    assert_eq!(max_attempts, 20);
+    let (ahead, _) = scheduled(&pool, done[2].id).await;
+    assert!((0.0..1.0).contains(&ahead), "{ahead}");
+
+    // Coalescing into the pending job of a key takes the new trigger's settings.
+    let again = Keyed {
+        id: 5,
+        note: "sooner".into(),
+    }
+    .enqueue_with(&pool, EnqueueOptions::new().at(at).max_attempts(4))
+    .await
+    .unwrap();
+    assert_eq!(again.outcome, EnqueueOutcome::Coalesced);
+    let row = jobs::admin::get(&pool, again.id).await.unwrap().unwrap();
+    assert_eq!((row.run_after, row.max_attempts), (at, 4));
+}

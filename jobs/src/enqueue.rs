@@ -3,6 +3,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use sqlx::types::chrono::{DateTime, Utc};
+
 use crate::error::Error;
 use crate::job::Job;
 use crate::sql;
@@ -35,6 +37,74 @@ impl Enqueued {
     }
 }
 
+/// How one enqueue differs from its kind's settings: when the job becomes claimable,
+/// and how many attempts it gets. For [`Job::enqueue_with`] and
+/// [`EnqueueBatch::push_with`].
+///
+/// ```no_run
+/// # use jobs::{Job, EnqueueOptions};
+/// # use std::time::Duration;
+/// # #[derive(Job, serde::Serialize, serde::Deserialize)]
+/// # #[job(kind = "invoice.remind", key = "invoice_id")]
+/// # struct Remind { invoice_id: i64 }
+/// # async fn f(pool: sqlx::PgPool, due: sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>) -> Result<(), jobs::Error> {
+/// // At the invoice's due date, with three attempts instead of the kind's default.
+/// Remind { invoice_id: 7 }
+///     .enqueue_with(&pool, EnqueueOptions::new().at(due).max_attempts(3))
+///     .await?;
+/// // In an hour.
+/// Remind { invoice_id: 8 }
+///     .enqueue_with(&pool, EnqueueOptions::new().delay(Duration::from_secs(3600)))
+///     .await?;
+/// # Ok(()) }
+/// ```
+///
+/// A job enqueued into the live job of its key (coalesced, or a re-run mark) gives it
+/// these settings as any trigger does: its run-after and its attempt budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EnqueueOptions {
+    when: When,
+    max_attempts: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum When {
+    #[default]
+    Now,
+    Delay(Duration),
+    At(DateTime<Utc>),
+}
+
+impl EnqueueOptions {
+    /// The kind's settings, claimable now: what [`Job::enqueue`] does.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Claimable once `delay` has passed on the database's clock, counted from the
+    /// enqueue statement. Replaces an earlier [`at`](Self::at).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.when = When::Delay(delay);
+        self
+    }
+
+    /// Claimable from `at`, an instant the application chose; whether it has come is
+    /// decided on the database's clock, as for every job. An instant already past makes
+    /// the job claimable now (its run-after reads as the enqueue's time). Replaces an
+    /// earlier [`delay`](Self::delay).
+    pub fn at(mut self, at: DateTime<Utc>) -> Self {
+        self.when = When::At(at);
+        self
+    }
+
+    /// How many claims the job gets before it fails for good, instead of the kind's
+    /// `max_attempts`. Zero is refused when the job is enqueued.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = Some(max_attempts);
+        self
+    }
+}
+
 /// One job ready to be written: kind, key, payload text and settings.
 #[derive(Debug, Clone)]
 pub(crate) struct NewJob {
@@ -43,16 +113,47 @@ pub(crate) struct NewJob {
     pub payload: String,
     pub max_attempts: i32,
     pub delay_ms: i64,
+    /// An absolute run-after, instead of the delay.
+    pub at: Option<DateTime<Utc>>,
 }
+
+/// The earliest and latest instants an enqueue passes on: past ones become "now" in
+/// the database anyway, and every one of these fits PostgreSQL's timestamp.
+const AT_MIN: DateTime<Utc> = DateTime::UNIX_EPOCH;
 
 impl NewJob {
     pub(crate) fn new<J: Job>(job: &J, delay: Duration) -> Result<Self, Error> {
+        Self::with(job, EnqueueOptions::new().delay(delay))
+    }
+
+    pub(crate) fn with<J: Job>(job: &J, options: EnqueueOptions) -> Result<Self, Error> {
         let payload = serde_json::to_string(job).map_err(|source| Error::Serialize {
             kind: J::KIND,
             source,
         })?;
         let key = job.key();
+        let (delay, at) = match options.when {
+            When::Now => (Duration::ZERO, None),
+            When::Delay(delay) => (delay, None),
+            When::At(at) => (Duration::ZERO, Some(at)),
+        };
         check_delay(J::KIND, delay)?;
+        if let Some(at) = at {
+            let ahead = at.signed_duration_since(Utc::now()).to_std();
+            if ahead.is_ok_and(|ahead| ahead > MAX_DURATION) {
+                return Err(Error::InvalidInput(format!(
+                    "the run-after of a job of kind `{}` is {at}, more than the 1,000 years a job can be scheduled ahead",
+                    J::KIND
+                )));
+            }
+        }
+        let max_attempts = options.max_attempts.unwrap_or(J::CONFIG.max_attempts);
+        if max_attempts == 0 {
+            return Err(Error::InvalidInput(format!(
+                "max_attempts of a job of kind `{}` is 0: a job needs at least one attempt",
+                J::KIND
+            )));
+        }
         check_text("kind", J::KIND, J::KIND)?;
         if let Some(key) = &key {
             check_text("key", J::KIND, key)?;
@@ -68,8 +169,9 @@ impl NewJob {
             kind: J::KIND,
             key,
             payload,
-            max_attempts: i32::try_from(J::CONFIG.max_attempts).unwrap_or(i32::MAX),
+            max_attempts: i32::try_from(max_attempts).unwrap_or(i32::MAX),
             delay_ms: millis(delay),
+            at: at.map(|at| at.max(AT_MIN)),
         })
     }
 }
@@ -150,6 +252,7 @@ pub(crate) async fn insert_one<'e, E: sqlx::PgExecutor<'e>>(
         .bind(job.max_attempts)
         .bind(job.delay_ms)
         .bind(notify_now(job.kind))
+        .bind(job.at)
         .fetch_one(executor)
         .await?;
     Ok(Enqueued {
@@ -197,6 +300,16 @@ impl EnqueueBatch {
     /// Adds a job, claimable after `delay` on the database's clock.
     pub fn push_in<J: Job>(&mut self, job: &J, delay: Duration) -> Result<&mut Self, Error> {
         self.jobs.push(NewJob::new(job, delay)?);
+        Ok(self)
+    }
+
+    /// Adds a job with options of its own; see [`EnqueueOptions`].
+    pub fn push_with<J: Job>(
+        &mut self,
+        job: &J,
+        options: EnqueueOptions,
+    ) -> Result<&mut Self, Error> {
+        self.jobs.push(NewJob::with(job, options)?);
         Ok(self)
     }
 
@@ -299,12 +412,14 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
     let mut payloads = Vec::with_capacity(n);
     let mut max_attempts = Vec::with_capacity(n);
     let mut delays = Vec::with_capacity(n);
+    let mut ats = Vec::with_capacity(n);
     for row in &rows {
         kinds.push(row.kind);
         keys.push(row.key.as_deref());
         payloads.push(row.payload.as_str());
         max_attempts.push(row.max_attempts);
         delays.push(row.delay_ms);
+        ats.push(row.at);
     }
     let mut notify: Vec<&'static str> = kinds.clone();
     notify.sort_unstable();
@@ -318,6 +433,7 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
             .bind(&max_attempts)
             .bind(&delays)
             .bind(&notify)
+            .bind(&ats)
             .fetch_all(executor)
             .await?;
 

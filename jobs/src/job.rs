@@ -82,6 +82,21 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
         let row = enqueue::NewJob::new(self, delay);
         async move { enqueue::insert_one(executor, row?).await }
     }
+
+    /// Enqueues the job with options of its own: a delay or an instant to run at, and
+    /// an attempt budget; see [`EnqueueOptions`](crate::EnqueueOptions).
+    fn enqueue_with<'e, E>(
+        &self,
+        executor: E,
+        options: crate::EnqueueOptions,
+    ) -> impl Future<Output = Result<Enqueued, Error>> + Send
+    where
+        E: sqlx::PgExecutor<'e>,
+        Self: Sized,
+    {
+        let row = enqueue::NewJob::with(self, options);
+        async move { enqueue::insert_one(executor, row?).await }
+    }
 }
 
 /// How a kind holds its claim while the handler runs.

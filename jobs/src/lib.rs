@@ -334,7 +334,7 @@ mod sql;
 pub mod testing;
 
 pub use context::{FencedTx, JobContext, JobError, TxGuard};
-pub use enqueue::{EnqueueBatch, EnqueueOutcome, Enqueued, enqueue_all};
+pub use enqueue::{EnqueueBatch, EnqueueOptions, EnqueueOutcome, Enqueued, enqueue_all};
 pub use error::Error;
 pub use history::{AttemptError, FailureKind};
 pub use job::{Job, JobConfig, KeyPart, Lease};

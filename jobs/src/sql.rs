@@ -13,7 +13,9 @@
 /// [`CLAIM_FLOOR_LAG`] after the enqueue.
 ///
 /// `$1` kind, `$2` key, `$3` payload (JSON text), `$4` max_attempts, `$5` delay in ms,
-/// `$6` whether to notify.
+/// `$6` whether to notify, `$7` an absolute run-after instead of the delay (or NULL):
+/// one already past counts as now, so no row is made pending behind the claims' floor
+/// ([`CLAIM_FLOOR_LAG`]).
 /// Index: `jobs_live_key` is the arbiter of `ON CONFLICT` (the predicate is repeated so
 /// PostgreSQL can infer the partial index). Concurrent enqueues of one key serialize on
 /// that index entry: the second waits for the first to commit and then updates its row,
@@ -30,7 +32,10 @@
 pub(crate) const ENQUEUE_ONE: &str = r#"
 WITH ins AS (
     INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
-    VALUES ($1, $2, $3::jsonb, $4, statement_timestamp() + $5 * interval '1 millisecond')
+    VALUES ($1, $2, $3::jsonb, $4,
+            CASE WHEN $7::timestamptz IS NULL
+                 THEN statement_timestamp() + $5 * interval '1 millisecond'
+                 ELSE greatest($7, statement_timestamp()) END)
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
         max_attempts = EXCLUDED.max_attempts,
@@ -51,7 +56,8 @@ CROSS JOIN LATERAL (
 /// (one statement may not update one row twice).
 ///
 /// `$1..$5` are arrays of kind, key, payload, max_attempts, delay_ms; `$6` the kinds to
-/// notify (see [`ENQUEUE_ONE`]). Rows are fed in
+/// notify (see [`ENQUEUE_ONE`]); `$7` the absolute run-afters (NULL for a delay), as
+/// there. Rows are fed in
 /// array order, and the caller sorts keyed rows by `(kind, key)`: every batch then
 /// takes its row locks (and waits for another inserter of the same key) in one global
 /// order, so two batches of overlapping keys never deadlock. The ids of inserted rows
@@ -62,9 +68,11 @@ pub(crate) const ENQUEUE_MANY: &str = r#"
 WITH ins AS (
     INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
     SELECT u.kind, u.key, u.payload::jsonb, u.max_attempts,
-           statement_timestamp() + u.delay_ms * interval '1 millisecond'
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[])
-         WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, ord)
+           CASE WHEN u.at IS NULL
+                THEN statement_timestamp() + u.delay_ms * interval '1 millisecond'
+                ELSE greatest(u.at, statement_timestamp()) END
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $7::timestamptz[])
+         WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, at, ord)
     ORDER BY u.ord
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
