@@ -212,6 +212,7 @@ pub fn job_json(job: &JobRow) -> Value {
             "message": e.message,
             "runtime": e.runtime,
         })).collect::<Vec<_>>(),
+        "checkpoint": job.checkpoint,
     })
 }
 
@@ -269,6 +270,15 @@ pub fn job_detail(job: &JobRow) -> String {
                 let _ = writeln!(out, "       {line}");
             }
         }
+    }
+    if let Some(checkpoint) = &job.checkpoint {
+        // Compact, on one line: serde_json escapes control characters inside strings.
+        let text = checkpoint.to_string();
+        let shown = match text.char_indices().nth(PAYLOAD_SHOWN) {
+            Some((at, _)) => format!("{} …", &text[..at]),
+            None => text,
+        };
+        let _ = writeln!(out, "{:<14}{shown}", "checkpoint");
     }
     out.push_str("payload\n");
     // serde_json escapes control characters inside strings.

@@ -298,7 +298,7 @@ async fn migrate_creates_the_job_table(pool: PgPool) {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
         stdout(&out),
-        "applied migration 1 (create jobs), 2 (end unbounded claims), 3 (attempt history), 4 (paused kinds), 5 (runtimes)\n"
+        "applied migration 1 (create jobs), 2 (end unbounded claims), 3 (attempt history), 4 (paused kinds), 5 (runtimes), 6 (checkpoints)\n"
     );
     let out = jobs(&url, &["migrate"]).await;
     assert_eq!(
@@ -400,4 +400,25 @@ async fn show_prints_the_attempt_history(pool: PgPool) {
     assert_eq!(job["errors"][0]["kind"], "panic");
     assert_eq!(job["errors"][1]["attempt"], 2);
     assert!(job["errors"][1]["runtime"].is_null());
+    assert!(job["checkpoint"].is_null());
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn show_prints_the_checkpoint(pool: PgPool) {
+    let url = url_of(&pool);
+    let id = insert(&pool, "c", "failed", Some("gave up")).await;
+    sqlx::query("UPDATE jobs SET checkpoint = '{\"after\": \"item-41\\u001b\"}' WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let out = jobs(&url, &["show", &id.to_string()]).await;
+    let text = stdout(&out);
+    assert!(
+        text.contains("checkpoint    {\"after\":\"item-41\\u001b\"}"),
+        "{text}"
+    );
+    let out = jobs(&url, &["show", &id.to_string(), "--json"]).await;
+    let job: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(job["checkpoint"]["after"], "item-41\u{1b}");
 }

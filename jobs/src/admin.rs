@@ -53,7 +53,8 @@ macro_rules! job_columns {
         concat!(
             "id, kind, key, state, attempts, max_attempts, run_after, last_error, payload, \
          created_at, finished_at, nullif(claimed_until, 'infinity') AS claimed_until, \
-         coalesce(claimed_until = 'infinity', false) AS claim_unbounded, runtime_id, ",
+         coalesce(claimed_until = 'infinity', false) AS claim_unbounded, runtime_id, \
+         checkpoint, ",
             crate::history::history_columns!()
         )
     };
@@ -347,6 +348,9 @@ pub struct JobRow {
     /// The failed attempts, oldest first, the last 20 (see
     /// [`JobContext::previous_errors`](crate::JobContext::previous_errors)).
     pub errors: Vec<crate::AttemptError>,
+    /// The last checkpoint a handler stored (see
+    /// [`JobContext::checkpoint`](crate::JobContext::checkpoint)), if any.
+    pub checkpoint: Option<serde_json::Value>,
 }
 
 impl JobRow {
@@ -373,6 +377,7 @@ impl JobRow {
             },
             runtime: row.try_get("runtime_id")?,
             errors: crate::history::from_row(row)?,
+            checkpoint: row.try_get("checkpoint")?,
         })
     }
 }

@@ -154,6 +154,84 @@ impl JobContext {
         })
     }
 
+    /// Stores `value` as the job's progress, for a later attempt to resume from
+    /// ([`last_checkpoint`](Self::last_checkpoint)); each call replaces the last.
+    ///
+    /// Fenced like every write of a claim: if the claim is no longer this run's (the
+    /// lease was lost, or the job completed), nothing is written and this returns a
+    /// lease-lost error. It commits on its own, at once, on [`pool`](Self::pool): store
+    /// a checkpoint after the work it records has committed. With a fenced transaction
+    /// open it returns an error (the transaction holds the job's row, and completes the
+    /// job anyway). In transaction mode it commits apart from the handler's transaction,
+    /// which may still roll back: there, checkpoint only work done outside it. The
+    /// checkpoint is cleared when the job goes back to pending as a new request: a
+    /// re-run after success, a periodic re-arm, or a trigger coalesced into the pending
+    /// job; a retry and an operator's retry keep it.
+    ///
+    /// ```no_run
+    /// # use jobs::{Job, JobContext, JobError};
+    /// # #[derive(Job, serde::Serialize, serde::Deserialize)]
+    /// # #[job(kind = "feed.import", key = "feed_id")]
+    /// # struct ImportFeed { feed_id: i64 }
+    /// # async fn items(_feed: i64) -> Vec<u64> { vec![] }
+    /// # async fn import(_item: u64) -> Result<(), std::io::Error> { Ok(()) }
+    /// #[jobs::handler]
+    /// async fn import_feed(job: ImportFeed, ctx: JobContext) -> Result<(), JobError> {
+    ///     // Where the last attempt got to, if it got anywhere.
+    ///     let done: u64 = ctx.last_checkpoint().await?.unwrap_or(0);
+    ///     for item in items(job.feed_id).await.into_iter().filter(|i| *i > done) {
+    ///         import(item).await?;
+    ///         ctx.checkpoint(&item).await?;
+    ///     }
+    ///     Ok(())
+    /// }
+    /// ```
+    pub async fn checkpoint<T: serde::Serialize + ?Sized>(
+        &self,
+        value: &T,
+    ) -> Result<(), JobError> {
+        if self.inner.fence_open.load(Ordering::Acquire) {
+            return Err(JobError::permanent(
+                "checkpoint() while a fenced transaction of the job is open: the transaction holds the job's row and completes the job",
+            ));
+        }
+        if self.inner.completed.load(Ordering::Acquire) {
+            return Err(JobError::lease_lost());
+        }
+        let json = serde_json::to_string(value)
+            .map_err(|e| JobError::permanent(format!("the checkpoint does not serialize: {e}")))?;
+        let stored: Option<i64> = sqlx::query_scalar(crate::sql::CHECKPOINT)
+            .bind(self.inner.id)
+            .bind(self.inner.token)
+            .bind(json)
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        stored.map(drop).ok_or_else(JobError::lease_lost)
+    }
+
+    /// The last checkpoint stored for this job ([`checkpoint`](Self::checkpoint)), by
+    /// this attempt or an earlier one; `None` if there is none. A stored value that does
+    /// not deserialize into `T` (its type changed) is a permanent error naming serde's
+    /// complaint. One query on [`pool`](Self::pool).
+    pub async fn last_checkpoint<T: serde::de::DeserializeOwned>(
+        &self,
+    ) -> Result<Option<T>, JobError> {
+        let stored: Option<Option<sqlx::types::Json<Box<serde_json::value::RawValue>>>> =
+            sqlx::query_scalar(crate::sql::LAST_CHECKPOINT)
+                .bind(self.inner.id)
+                .fetch_optional(&self.inner.pool)
+                .await?;
+        match stored.flatten() {
+            None => Ok(None),
+            Some(raw) => serde_json::from_str(raw.get()).map(Some).map_err(|e| {
+                JobError::permanent(format!(
+                    "the checkpoint of job {} does not deserialize: {e}",
+                    self.inner.id
+                ))
+            }),
+        }
+    }
+
     /// The pool the runtime claims from.
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool

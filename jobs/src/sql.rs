@@ -40,6 +40,7 @@ WITH ins AS (
         payload = EXCLUDED.payload,
         max_attempts = EXCLUDED.max_attempts,
         attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
+        checkpoint = CASE WHEN j.state = 'pending' THEN NULL ELSE j.checkpoint END,
         run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
     RETURNING j.id, (j.xmax = 0) AS inserted, j.state, j.kind
@@ -78,6 +79,7 @@ WITH ins AS (
         payload = EXCLUDED.payload,
         max_attempts = EXCLUDED.max_attempts,
         attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
+        checkpoint = CASE WHEN j.state = 'pending' THEN NULL ELSE j.checkpoint END,
         run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
     RETURNING j.id, j.kind, j.key, (j.xmax = 0) AS inserted, j.state
@@ -394,6 +396,8 @@ done AS (
         finished_at = CASE WHEN j.rerun_after IS NULL AND c.every_ms IS NULL
                            THEN statement_timestamp() END,
         last_error = NULL,
+        checkpoint = CASE WHEN j.rerun_after IS NULL AND c.every_ms IS NULL
+                          THEN j.checkpoint END,
         rerun_after = NULL,
         claimed_by = NULL,
         claimed_until = NULL
@@ -408,6 +412,20 @@ FROM c
 LEFT JOIN done d ON d.id = c.id
 LEFT JOIN jobs j ON j.id = c.id
 "#;
+
+/// Stores `$3` (JSON text) as the checkpoint of claim `($1, $2)`, if the claim is still
+/// current; returns the id then. Index: primary key. The column is in no index: a HOT
+/// update. It waits for the row's lock like any single-row update (a fenced
+/// transaction of the same claim is refused before this runs, so it never waits for
+/// its own handler).
+pub(crate) const CHECKPOINT: &str = r#"
+UPDATE jobs SET checkpoint = $3::jsonb
+WHERE id = $1 AND claimed_by = $2 AND claimed_until > statement_timestamp()
+RETURNING id
+"#;
+
+/// The checkpoint of job `$1`, if it has one. Index: primary key.
+pub(crate) const LAST_CHECKPOINT: &str = "SELECT checkpoint FROM jobs WHERE id = $1";
 
 /// Records a failed attempt of claim `($1, $2)`: `$3` the error message, `$4` whether
 /// it is permanent, `$5` the backoff in ms before jitter, `$6` the kind's period in ms
@@ -628,6 +646,8 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("LIVE_PAYLOADS", LIVE_PAYLOADS),
         ("ANY_DUE", ANY_DUE),
         ("HISTORY", crate::history::HISTORY),
+        ("CHECKPOINT", CHECKPOINT),
+        ("LAST_CHECKPOINT", LAST_CHECKPOINT),
         ("PAUSED_KINDS", PAUSED_KINDS),
         ("RUNTIME_SEEN", RUNTIME_SEEN),
         ("RUNTIME_GONE", RUNTIME_GONE),
