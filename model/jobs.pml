@@ -18,6 +18,7 @@
 /* statements read-only, not modelled: HISTORY LAST_CHECKPOINT PAUSED_KINDS PAUSED RUNTIMES NEXT_DUE LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
 /* statements writing outside the modelled rows, not modelled: ARM_PERIODIC PRUNE_BATCH PAUSE RESUME RUNTIME_SEEN RUNTIME_GONE RUNTIMES_STALE */
 /* statements writing only a column the protocol never reads, fenced, not modelled: CHECKPOINT */
+/* statements of the testing helpers, not modelled (a CLAIM of one row by id, run-afters moved to now, a read): CLAIM_ID MAKE_DUE FAILED_SINCE */
 
 /*
  * Switches.

@@ -424,6 +424,43 @@ WHERE id = $1 AND claimed_by = $2 AND claimed_until > statement_timestamp()
 RETURNING id
 "#;
 
+/// Claims the pending job `$1` whatever its run-after, with a lease of `$2` ms, for
+/// `jobs::testing::perform`, which runs its handler inline. As [`CLAIM`] for one row
+/// (attempt counted, fresh token); no runtime holds it (`runtime_id` NULL). Index:
+/// primary key. It waits for the row's lock if another transaction holds it.
+pub(crate) const CLAIM_ID: &str = r#"
+UPDATE jobs SET
+    state = 'running',
+    attempts = attempts + 1,
+    claimed_by = gen_random_uuid(),
+    runtime_id = NULL,
+    claimed_until = now() + $2 * interval '1 millisecond'
+WHERE id = $1 AND state = 'pending'
+RETURNING attempts, max_attempts, claimed_by, payload::text
+"#;
+
+/// Makes every scheduled job of the kinds `$1` due now (`jobs::testing::drain_with`
+/// and `Drain::with_scheduled`): delayed enqueues, retries waiting out their backoff,
+/// snoozes. Index: `jobs_claim`, the kinds' ranges past `now()`. For tests: it moves
+/// run-afters without a claim.
+pub(crate) const MAKE_DUE: &str = r#"
+UPDATE jobs SET run_after = now()
+WHERE kind = ANY($1) AND state = 'pending' AND run_after > now()
+"#;
+
+/// The jobs of the kinds `$1` with a failed attempt since `$2`, with their history
+/// (`jobs::testing::drain_with`). Reads every row of the kinds: for a test's table.
+pub(crate) const FAILED_SINCE: &str = concat!(
+    "SELECT id, kind, state, ",
+    crate::history::history_columns!(),
+    r#"
+FROM jobs
+WHERE kind = ANY($1)
+  AND EXISTS (SELECT 1 FROM jsonb_array_elements(errors) e WHERE (e->>'at')::timestamptz >= $2)
+ORDER BY id
+"#
+);
+
 /// The checkpoint of job `$1`, if it has one. Index: primary key.
 pub(crate) const LAST_CHECKPOINT: &str = "SELECT checkpoint FROM jobs WHERE id = $1";
 
@@ -647,6 +684,9 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("ANY_DUE", ANY_DUE),
         ("HISTORY", crate::history::HISTORY),
         ("CHECKPOINT", CHECKPOINT),
+        ("CLAIM_ID", CLAIM_ID),
+        ("MAKE_DUE", MAKE_DUE),
+        ("FAILED_SINCE", FAILED_SINCE),
         ("LAST_CHECKPOINT", LAST_CHECKPOINT),
         ("PAUSED_KINDS", PAUSED_KINDS),
         ("RUNTIME_SEEN", RUNTIME_SEEN),

@@ -31,8 +31,16 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+use sqlx::types::chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::admin::JobState;
+use crate::context::JobError;
+use crate::enqueue::EnqueueOutcome;
 use crate::error::Error;
+use crate::history::AttemptError;
 use crate::job::Job;
+use crate::runtime::executor::Claimed;
 use crate::runtime::{RunCounts, Runtime};
 
 /// The live (pending or running) jobs of `J`'s kind, oldest first, deserialized.
@@ -159,21 +167,184 @@ pub async fn assert_enqueued<'e, J>(
     );
 }
 
+/// Runs `job`'s handler once, inline, and returns its result: a unit test of a
+/// handler that goes through the database as the runtime does.
+///
+/// The job is enqueued (coalescing into a pending job of its key, like any enqueue)
+/// and claimed for real, whatever its run-after, so fenced transactions, transaction
+/// mode, checkpoints and the attempt history work as under a runtime; then the
+/// handler's outcome is written as a runtime writes it (the job completes, is retried
+/// later, fails, or is snoozed), and [`jobs::admin::get`](crate::admin::get) shows the
+/// row. No heartbeat renews the lease meanwhile: a handler that runs longer than its
+/// kind's lease loses its claim, as one whose runtime stopped would. The kind's timeout
+/// applies. A panic in the handler is written as a failed attempt and then resumed.
+///
+/// The result is the handler's own, or what the runtime records instead: an error
+/// for a timeout, for a fenced transaction dropped without `commit()`, and a
+/// lease-lost error when the claim was gone before the completion. A job of a key
+/// whose job is running (a re-run mark, not a run) and a kind without a handler in
+/// this binary are permanent errors, and run nothing.
+///
+/// ```no_run
+/// use jobs::{Job, JobContext, JobError};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Job, Serialize, Deserialize)]
+/// #[job(kind = "invoice.send", key = "invoice_id")]
+/// struct SendInvoice {
+///     invoice_id: i64,
+/// }
+///
+/// #[jobs::handler]
+/// async fn send_invoice(job: SendInvoice, _ctx: JobContext) -> Result<(), JobError> {
+///     if job.invoice_id < 0 {
+///         return Err(JobError::permanent("no such invoice"));
+///     }
+///     Ok(())
+/// }
+///
+/// # async fn test(pool: sqlx::PgPool) {
+/// assert!(jobs::testing::perform(&pool, &SendInvoice { invoice_id: 7 }).await.is_ok());
+/// let err = jobs::testing::perform(&pool, &SendInvoice { invoice_id: -1 }).await.unwrap_err();
+/// assert!(err.is_permanent());
+/// # }
+/// ```
+pub async fn perform<J: Job>(pool: &PgPool, job: &J) -> Result<(), JobError> {
+    let handlers = crate::registry::handlers()
+        .map_err(|e| JobError::permanent(format!("the handlers of this binary: {e}")))?;
+    let Some(&handler) = handlers.get(J::KIND) else {
+        return Err(JobError::permanent(format!(
+            "no handler for kind `{}` in this binary: add #[jobs::handler] to an async fn taking the job",
+            J::KIND
+        )));
+    };
+    let enqueued = job
+        .enqueue(pool)
+        .await
+        .map_err(|e| JobError::permanent(format!("cannot enqueue the job: {e}")))?;
+    if enqueued.outcome == EnqueueOutcome::RerunMarked {
+        return Err(JobError::permanent(format!(
+            "job {} of this key is running: the enqueue marked it for a re-run, there is nothing to perform now",
+            enqueued.id
+        )));
+    }
+    let claimed: Option<(i32, i32, Uuid, String)> = sqlx::query_as(crate::sql::CLAIM_ID)
+        .bind(enqueued.id)
+        .bind(crate::enqueue::millis(handler.config.lease_length()))
+        .fetch_optional(pool)
+        .await?;
+    let Some((attempts, max_attempts, token, payload)) = claimed else {
+        return Err(JobError::permanent(format!(
+            "job {} was claimed by someone else first (a runtime runs over this database)",
+            enqueued.id
+        )));
+    };
+    let claimed = Claimed {
+        id: enqueued.id,
+        attempt: u32::try_from(attempts).unwrap_or(0),
+        max_attempts: u32::try_from(max_attempts).unwrap_or(0),
+        token,
+        payload,
+        claimed_at: std::time::Instant::now(),
+    };
+    crate::runtime::executor::perform_inline(pool, handler, claimed).await
+}
+
 /// Runs a runtime over `pool` until no job of a kind with a handler in this binary is
 /// claimable now or running, and returns how the runs ended. Jobs scheduled later
-/// (including retries waiting out their backoff) stay pending.
+/// (including retries waiting out their backoff) stay pending; [`drain_with`] runs
+/// them too, and reports each failed attempt's error.
 pub async fn drain(pool: &PgPool) -> Result<RunCounts, Error> {
+    drain_with(pool, Drain::new()).await.map(|d| d.counts)
+}
+
+/// How [`drain_with`] drains.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Drain {
+    scheduled: bool,
+}
+
+impl Drain {
+    /// Jobs due now only, as [`drain`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Also run jobs scheduled later at once: delayed enqueues, snoozes, and retries
+    /// without waiting out their backoff (so a job that keeps failing runs until it is
+    /// out of attempts), as Oban's `with_scheduled`. Periodic kinds (`every`) are left
+    /// to their period: re-armed after each run, they would never let the drain end.
+    pub fn with_scheduled(mut self, scheduled: bool) -> Self {
+        self.scheduled = scheduled;
+        self
+    }
+}
+
+/// What a [`drain_with`] did.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Drained {
+    /// How the runs ended.
+    pub counts: RunCounts,
+    /// Every attempt that failed during the drain, per job in id order, oldest attempt
+    /// first: of the jobs still in the table (a kind without history deletes a job
+    /// that then succeeded, and its earlier failures with it).
+    pub failures: Vec<DrainFailure>,
+}
+
+/// One failed attempt during a drain.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct DrainFailure {
+    /// The job's id.
+    pub id: i64,
+    /// The job's kind.
+    pub kind: String,
+    /// Where the job stands after the drain: `failed` when it is out of attempts or
+    /// failed permanently, `pending` when a retry waits.
+    pub state: JobState,
+    /// The attempt: its number, what kind of failure, the message.
+    pub error: AttemptError,
+}
+
+/// [`drain`], with options, reporting each failed attempt.
+///
+/// ```no_run
+/// # async fn test(pool: sqlx::PgPool) -> Result<(), jobs::Error> {
+/// use jobs::testing::{Drain, drain_with};
+/// let drained = drain_with(&pool, Drain::new().with_scheduled(true)).await?;
+/// for f in &drained.failures {
+///     eprintln!("job {} ({}) attempt {}: {}", f.id, f.kind, f.error.attempt, f.error.message);
+/// }
+/// assert!(drained.failures.is_empty());
+/// # Ok(()) }
+/// ```
+pub async fn drain_with(pool: &PgPool, options: Drain) -> Result<Drained, Error> {
+    let handlers = crate::registry::handlers()?;
+    let kinds: Vec<&'static str> = handlers.keys().copied().collect();
+    let scheduled: Vec<&'static str> = handlers
+        .values()
+        .filter(|h| h.config.every.is_none())
+        .map(|h| h.kind)
+        .collect();
+    let started: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     let runtime = Runtime::new(pool.clone())
         .poll_interval(Duration::from_millis(10))
         .rescue_interval(Duration::from_millis(50));
-    let kinds: Vec<&'static str> = crate::registry::handlers()?.keys().copied().collect();
     let watcher = pool.clone();
-    runtime
+    let watched = kinds.clone();
+    let counts = runtime
         .run_counting(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(10)).await;
+                if options.scheduled {
+                    let _ = sqlx::query(crate::sql::MAKE_DUE)
+                        .bind(&scheduled)
+                        .execute(&watcher)
+                        .await;
+                }
                 let busy: Result<bool, sqlx::Error> = sqlx::query_scalar(crate::sql::ANY_DUE)
-                    .bind(&kinds)
+                    .bind(&watched)
                     .fetch_one(&watcher)
                     .await;
                 if let Ok(false) = busy {
@@ -181,5 +352,29 @@ pub async fn drain(pool: &PgPool) -> Result<RunCounts, Error> {
                 }
             }
         })
-        .await
+        .await?;
+    let rows = sqlx::query(crate::sql::FAILED_SINCE)
+        .bind(&kinds)
+        .bind(started)
+        .fetch_all(pool)
+        .await?;
+    let mut failures = Vec::new();
+    for row in &rows {
+        use sqlx::Row;
+        let id: i64 = row.try_get("id")?;
+        let kind: String = row.try_get("kind")?;
+        let state: String = row.try_get("state")?;
+        let state: JobState = state.parse()?;
+        for error in crate::history::from_row(row)? {
+            if error.at >= started {
+                failures.push(DrainFailure {
+                    id,
+                    kind: kind.clone(),
+                    state,
+                    error,
+                });
+            }
+        }
+    }
+    Ok(Drained { counts, failures })
 }

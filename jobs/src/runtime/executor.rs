@@ -422,3 +422,119 @@ async fn release<'e, E: sqlx::PgExecutor<'e>>(
         .execute(executor)
         .await
 }
+
+/// Runs the handler of the claimed job `id` once, inline, with no runtime around it
+/// (`jobs::testing::perform`): the job's claim is real, so fenced transactions,
+/// transaction mode and checkpoints work as under a runtime, but nothing renews its
+/// lease. The outcome is written as a runtime writes it. Returns the handler's own
+/// result, or the failure the runtime records instead (a timeout, a panic's message
+/// after the panic is written and resumed, a fenced transaction dropped, a claim lost
+/// before the completion).
+pub(crate) async fn perform_inline(
+    pool: &sqlx::PgPool,
+    handler: &'static HandlerInfo,
+    claimed: Claimed,
+) -> Result<(), crate::JobError> {
+    use crate::JobError;
+
+    let (_lost_tx, lost_rx) = watch::channel(false);
+    let inner = Arc::new(Inner {
+        id: claimed.id,
+        kind: handler.kind,
+        attempt: claimed.attempt,
+        max_attempts: claimed.max_attempts,
+        token: claimed.token,
+        config: handler.config,
+        pool: pool.clone(),
+        lost: lost_rx,
+        fence_open: AtomicBool::new(false),
+        fenced: AtomicBool::new(false),
+        fence_dropped: AtomicBool::new(false),
+        completed: AtomicBool::new(false),
+        finished: AtomicBool::new(false),
+        tx: handler
+            .config
+            .is_transaction()
+            .then(|| Mutex::new(TxSlot::Unopened)),
+    });
+    let ctx = JobContext {
+        inner: inner.clone(),
+    };
+    let future = (handler.call)(HandlerInput {
+        payload: claimed.payload,
+        ctx,
+    });
+    let guarded = AssertUnwindSafe(future).catch_unwind();
+    let timeout = handler.config.timeout;
+    let ran = match timeout {
+        Some(limit) => tokio::time::timeout(limit, guarded).await.ok(),
+        None => Some(guarded.await),
+    };
+    inner.finished.store(true, Ordering::Release);
+    let mut panicked = None;
+    let (mut outcome, mut result) = match ran {
+        None => {
+            let message = format!("timed out after {:?}", timeout.unwrap_or_default());
+            (
+                Outcome::Retry(FailureKind::Timeout, message.clone()),
+                Err(JobError::retry(message)),
+            )
+        }
+        Some(Ok(Ok(()))) => (Outcome::Succeeded, Ok(())),
+        Some(Ok(Err(e))) => {
+            let outcome = match &e.kind {
+                JobErrorKind::Retry(m) => Outcome::Retry(FailureKind::Error, m.clone()),
+                JobErrorKind::Permanent(m) => Outcome::Permanent(FailureKind::Permanent, m.clone()),
+                JobErrorKind::Payload(m) => Outcome::Permanent(FailureKind::Payload, m.clone()),
+                JobErrorKind::Snooze(d) => Outcome::Snooze(*d),
+                JobErrorKind::LeaseLost => Outcome::LeaseLost,
+            };
+            (outcome, Err(e))
+        }
+        Some(Err(panic)) => {
+            let message = format!("handler panicked: {}", panic_message(&*panic));
+            panicked = Some(panic);
+            (
+                Outcome::Retry(FailureKind::Panic, message.clone()),
+                Err(JobError::retry(message)),
+            )
+        }
+    };
+    if handler.config.is_transaction() {
+        outcome = commit_transaction(&inner, outcome).await;
+    } else if matches!(outcome, Outcome::Succeeded)
+        && inner.fence_dropped.load(Ordering::Acquire)
+        && !inner.completed.load(Ordering::Acquire)
+    {
+        outcome = Outcome::Retry(
+            FailureKind::Error,
+            "the handler returned Ok(()) after a fenced transaction of this run ended without \
+             commit(): its writes were rolled back, so the job is not complete"
+                .to_owned(),
+        );
+    }
+    if !inner.completed.load(Ordering::Acquire) {
+        let written = match &outcome {
+            Outcome::Succeeded => {
+                let mut conn = pool.acquire().await?;
+                completer::complete_one(&mut conn, &inner).await?
+            }
+            other => write_outcome(pool, &inner, other).await?,
+        };
+        if !written && !matches!(outcome, Outcome::LeaseLost) {
+            outcome = Outcome::LeaseLost;
+        }
+    }
+    if let Some(panic) = panicked {
+        std::panic::resume_unwind(panic);
+    }
+    match (&outcome, &result) {
+        (Outcome::Succeeded, _) | (_, Err(_)) => {}
+        (Outcome::LeaseLost, Ok(())) => result = Err(JobError::lease_lost()),
+        (Outcome::Retry(_, m) | Outcome::Permanent(_, m), Ok(())) => {
+            result = Err(JobError::retry(m))
+        }
+        (Outcome::Snooze(_) | Outcome::Stopped, Ok(())) => {}
+    }
+    result
+}

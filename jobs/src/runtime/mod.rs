@@ -7,7 +7,7 @@
 
 pub(crate) mod backoff;
 pub(crate) mod completer;
-mod executor;
+pub(crate) mod executor;
 mod heartbeat;
 mod listener;
 mod observe;
