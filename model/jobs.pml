@@ -16,7 +16,7 @@
 
 /* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT CLAIM_FROM CLAIM_SPLIT_FROM RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
 /* statements read-only, not modelled: HISTORY LAST_CHECKPOINT PAUSED_KINDS PAUSED RUNTIMES NEXT_DUE LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
-/* statements writing outside the modelled rows, not modelled: ARM_PERIODIC PRUNE_BATCH PAUSE RESUME RUNTIME_SEEN RUNTIME_GONE RUNTIMES_STALE */
+/* statements writing outside the modelled rows, not modelled: ARM_PERIODIC PRUNE_BATCH PRUNE_CANCELLED_BATCH PAUSE RESUME RUNTIME_SEEN RUNTIME_GONE RUNTIMES_STALE */
 /* statements writing only a column the protocol never reads, fenced, not modelled: CHECKPOINT */
 /* statements of the testing helpers, not modelled (a CLAIM of one row by id, run-afters moved to now, a read): CLAIM_ID MAKE_DUE FAILED_SINCE */
 
@@ -479,7 +479,7 @@ active proctype App()
     appdone = 1
 }
 
-/* the operator: retry a failed job, cancel a pending one, discard a failed one (once
+/* the operator: retry a failed job, cancel a live one, discard a failed one (once
    each) */
 active proctype Operator()
 {
@@ -493,10 +493,15 @@ end:
     :: d_step { !retried && row[1].st == FAILED && !live(0) && row[0].st != INS ->
             row[1].st = PENDING; row[1].ra = 0; fresh(1); retried = 1 }
 #ifndef POISON
-    /* CANCEL: delete a pending row (waits for its lock) */
-    :: d_step { !cancelled && row[0].st == PENDING && row[0].lock == 0 ->
+    /* CANCEL: a pending or running row becomes `cancelled` (waits for its lock). A
+       cancelled row is read by no statement of the protocol (no claim, renewal,
+       completion, fence, rescue or retry matches it, and it is not live), and its
+       token is gone with its claim: it is modelled as deleted. A worker still running
+       it (its runtime drops the handler, or has not heard yet) finds its every later
+       write refused. */
+    :: d_step { !cancelled && (row[0].st == PENDING || row[0].st == RUNNING) && row[0].lock == 0 ->
             fate = fate | BIT(row[0].gen); clear_row(0); cancelled = 1 }
-    :: d_step { !cancelled && row[1].st == PENDING && row[1].lock == 0 ->
+    :: d_step { !cancelled && (row[1].st == PENDING || row[1].st == RUNNING) && row[1].lock == 0 ->
             fate = fate | BIT(row[1].gen); clear_row(1); cancelled = 1 }
 #endif
     /* DISCARD: delete a failed row */

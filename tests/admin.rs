@@ -314,44 +314,42 @@ async fn retry_kind_retries_every_failed_job_of_the_kind(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
-async fn cancel_deletes_a_pending_job_and_leaves_a_running_one_alone(pool: PgPool) {
+async fn cancel_ends_pending_and_running_jobs_and_nothing_else(pool: PgPool) {
     let pending = insert(&pool, "c", None, "pending", 600, None).await;
-    admin::cancel(&pool, pending).await.unwrap();
-    assert_eq!(state_of(&pool, pending).await, None);
+    assert_eq!(
+        admin::cancel(&pool, pending).await.unwrap(),
+        admin::Cancelled::Pending
+    );
+    assert_eq!(state_of(&pool, pending).await.as_deref(), Some("cancelled"));
 
     let running = insert(&pool, "c", None, "running", 0, None).await;
-    let claim_before: (uuid::Uuid, DateTime<Utc>) =
-        sqlx::query_as("SELECT claimed_by, claimed_until FROM jobs WHERE id = $1")
-            .bind(running)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    let err = admin::cancel(&pool, running).await.unwrap_err();
-    assert!(
-        matches!(err, jobs::Error::NotFound(id) if id == running),
-        "{err:?}"
+    assert_eq!(
+        admin::cancel(&pool, running).await.unwrap(),
+        admin::Cancelled::Running
     );
-    let claim_after: (uuid::Uuid, DateTime<Utc>) =
-        sqlx::query_as("SELECT claimed_by, claimed_until FROM jobs WHERE id = $1")
+    let claim: (Option<uuid::Uuid>, Option<DateTime<Utc>>, String) =
+        sqlx::query_as("SELECT claimed_by, claimed_until, state FROM jobs WHERE id = $1")
             .bind(running)
             .fetch_one(&pool)
             .await
             .unwrap();
-    assert_eq!(claim_after, claim_before, "the claim is untouched");
+    assert_eq!(claim, (None, None, "cancelled".into()), "the claim is gone");
 
     let failed_id = failed(&pool, "c", None).await;
-    assert!(matches!(
-        admin::cancel(&pool, failed_id).await,
-        Err(jobs::Error::NotFound(_))
-    ));
-    assert!(matches!(
-        admin::cancel(&pool, 999_999).await,
-        Err(jobs::Error::NotFound(_))
-    ));
+    let done = insert(&pool, "c", None, "done", 0, Some(1)).await;
+    for id in [failed_id, done, running, 999_999] {
+        let err = admin::cancel(&pool, id).await.unwrap_err();
+        assert!(
+            matches!(err, jobs::Error::NotFound(n) if n == id),
+            "{err:?}"
+        );
+    }
+    assert_eq!(state_of(&pool, failed_id).await.as_deref(), Some("failed"));
+    assert_eq!(state_of(&pool, done).await.as_deref(), Some("done"));
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
-async fn cancel_racing_a_claim_leaves_the_claimed_job(pool: PgPool) {
+async fn cancel_racing_a_claim_waits_and_cancels_the_claimed_job(pool: PgPool) {
     let id = insert(&pool, "c", None, "pending", 0, None).await;
     // A runtime's claim, still uncommitted: the row is locked and running.
     let mut tx = pool.begin().await.unwrap();
@@ -379,9 +377,32 @@ async fn cancel_racing_a_claim_leaves_the_claimed_job(pool: PgPool) {
     );
     tx.commit().await.unwrap();
 
+    // It reads the row as the claim left it: running, and cancels that.
+    assert_eq!(cancel.await.unwrap().unwrap(), admin::Cancelled::Running);
+    assert_eq!(state_of(&pool, id).await.as_deref(), Some("cancelled"));
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn cancel_racing_a_completion_cancels_nothing(pool: PgPool) {
+    let id = insert(&pool, "c", None, "running", 0, None).await;
+    // A completion (a fenced transaction's), still uncommitted.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE jobs SET state = 'done', finished_at = now(), claimed_by = NULL, claimed_until = NULL WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let cancel = tokio::spawn({
+        let pool = pool.clone();
+        async move { admin::cancel(&pool, id).await }
+    });
+    until_someone_waits_for_a_lock(&pool).await;
+    tx.commit().await.unwrap();
     let err = cancel.await.unwrap().unwrap_err();
     assert!(matches!(err, jobs::Error::NotFound(_)), "{err:?}");
-    assert_eq!(state_of(&pool, id).await.as_deref(), Some("running"));
+    assert_eq!(state_of(&pool, id).await.as_deref(), Some("done"));
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]

@@ -18,6 +18,13 @@ async fn no_statement_takes_a_time_parameter(pool: PgPool) {
             panic!("{name}: PostgreSQL reports parameter types");
         };
         for (i, ty) in params.iter().enumerate() {
+            // The one exception: an enqueue at an instant the application chose
+            // (`EnqueueOptions::at`), stored as the job's run-after as given (or now,
+            // if past). It is the value the database clock is compared with, never a
+            // clock reading of the application's.
+            if ["ENQUEUE_ONE", "ENQUEUE_MANY"].contains(&name) && i == 6 {
+                continue;
+            }
             let ty = ty.name().to_ascii_uppercase();
             assert!(
                 ![

@@ -54,7 +54,7 @@ async fn application_first_then_jobs(pool: PgPool) {
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7]);
 }
 
 #[sqlx::test(migrations = false)]

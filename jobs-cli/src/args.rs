@@ -73,9 +73,10 @@ pub enum Command {
         #[arg(long)]
         kind: Option<String>,
     },
-    /// Delete a pending job before it runs (a running job is left alone).
+    /// Cancel a pending or running job: it becomes `cancelled` and is never run again;
+    /// a running one's runtime drops its handler and refuses its results.
     Cancel {
-        /// The pending job's id.
+        /// The job's id.
         id: i64,
     },
     /// The runtimes at work on the database: host, process, kinds, concurrency, claims

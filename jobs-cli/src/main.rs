@@ -13,7 +13,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::Parser;
-use jobs::admin::{self, JobState, ListFilter, Order, Retried};
+use jobs::admin::{self, ListFilter, Order, Retried};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection as _};
 
@@ -237,7 +237,7 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
                 )),
                 Ok(_) => print(&format!("job {id} is pending again, claimable now\n")),
                 Err(jobs::Error::NotFound(_)) => {
-                    return Err(not_found(conn, id, JobState::Failed).await);
+                    return Err(not_found(conn, id, "failed").await);
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -264,9 +264,12 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
             print(&message);
         }
         Command::Cancel { id } => match admin::cancel(&mut *conn, id).await {
-            Ok(()) => print(&format!("job {id} cancelled\n")),
+            Ok(admin::Cancelled::Running) => print(&format!(
+                "job {id} cancelled while running: its runtime drops the handler and refuses its results\n"
+            )),
+            Ok(_) => print(&format!("job {id} cancelled before it ran\n")),
             Err(jobs::Error::NotFound(_)) => {
-                return Err(not_found(conn, id, JobState::Pending).await);
+                return Err(not_found(conn, id, "live").await);
             }
             Err(e) => return Err(e.into()),
         },
@@ -303,7 +306,7 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
         Command::Discard { id } => match admin::discard(&mut *conn, id).await {
             Ok(()) => print(&format!("job {id} discarded\n")),
             Err(jobs::Error::NotFound(_)) => {
-                return Err(not_found(conn, id, JobState::Failed).await);
+                return Err(not_found(conn, id, "failed").await);
             }
             Err(e) => return Err(e.into()),
         },
@@ -325,13 +328,11 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
 
 /// The failure for an id that has no job in the `wanted` state, saying which state it
 /// is in when it exists.
-async fn not_found(conn: &mut PgConnection, id: i64, wanted: JobState) -> Failure {
+/// "no `wanted` job with id N", and what the job is instead, if it exists.
+async fn not_found(conn: &mut PgConnection, id: i64, wanted: &str) -> Failure {
     let mut message = format!("no {wanted} job with id {id}");
     if let Ok(Some(job)) = admin::get(&mut *conn, id).await {
         message.push_str(&format!(" (job {id} is {})", job.state));
-        if job.state == JobState::Running && wanted == JobState::Pending {
-            message.push_str(": a running job is left to its runtime");
-        }
     }
     Failure::Operation(message)
 }

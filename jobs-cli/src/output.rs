@@ -303,7 +303,7 @@ pub fn job_detail(job: &JobRow) -> String {
 /// The stats of every kind as a table, with a total row when there are several kinds.
 pub fn stats_table(stats: &[KindStats]) -> String {
     use Align::{Left, Right};
-    let row = |kind: &str, s: [u64; 5], lag: Option<Duration>| {
+    let row = |kind: &str, s: [u64; 6], lag: Option<Duration>| {
         let mut cells = vec![clean(kind)];
         cells.extend(s.iter().map(u64::to_string));
         cells.push(lag.map_or_else(|| "-".to_owned(), human));
@@ -318,7 +318,14 @@ pub fn stats_table(stats: &[KindStats]) -> String {
                 } else {
                     k.kind.clone()
                 },
-                [k.ready, k.scheduled, k.running, k.done, k.failed],
+                [
+                    k.ready,
+                    k.scheduled,
+                    k.running,
+                    k.done,
+                    k.failed,
+                    k.cancelled,
+                ],
                 k.lag,
             )
         })
@@ -333,6 +340,7 @@ pub fn stats_table(stats: &[KindStats]) -> String {
                 sum(|k| k.running),
                 sum(|k| k.done),
                 sum(|k| k.failed),
+                sum(|k| k.cancelled),
             ],
             stats.iter().filter_map(|k| k.lag).max(),
         ));
@@ -345,6 +353,7 @@ pub fn stats_table(stats: &[KindStats]) -> String {
             ("RUNNING", Right),
             ("DONE", Right),
             ("FAILED", Right),
+            ("CANCELLED", Right),
             ("LAG", Right),
         ],
         &cells,
@@ -360,6 +369,7 @@ pub fn stats_json(k: &KindStats) -> Value {
         "running": k.running,
         "done": k.done,
         "failed": k.failed,
+        "cancelled": k.cancelled,
         "lag_seconds": k.lag.map(|d| d.as_secs_f64()),
         "paused": k.paused,
     })

@@ -187,10 +187,25 @@ async fn retry_kind_show_cancel_discard_prune(pool: PgPool) {
 
     let out = jobs(&url, &["cancel", &pending.to_string()]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        format!("job {pending} cancelled before it ran\n")
+    );
     let running = insert(&pool, "b", "running", None).await;
     let out = jobs(&url, &["cancel", &running.to_string()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("cancelled while running"),
+        "{}",
+        stdout(&out)
+    );
+    let out = jobs(&url, &["cancel", &running.to_string()]).await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("is running"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no live job") && stderr(&out).contains("is cancelled"),
+        "{}",
+        stderr(&out)
+    );
 
     let failed = insert(&pool, "b", "failed", Some("z")).await;
     let out = jobs(&url, &["discard", &failed.to_string()]).await;
@@ -220,10 +235,7 @@ async fn unknown_id_fails_with_a_clear_message(pool: PgPool) {
             &["discard", "424242"],
             "error: no failed job with id 424242\n",
         ),
-        (
-            &["cancel", "424242"],
-            "error: no pending job with id 424242\n",
-        ),
+        (&["cancel", "424242"], "error: no live job with id 424242\n"),
         (&["show", "424242"], "error: no job with id 424242\n"),
     ] {
         let out = jobs(&url, args).await;
@@ -298,7 +310,7 @@ async fn migrate_creates_the_job_table(pool: PgPool) {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
         stdout(&out),
-        "applied migration 1 (create jobs), 2 (end unbounded claims), 3 (attempt history), 4 (paused kinds), 5 (runtimes), 6 (checkpoints)\n"
+        "applied migration 1 (create jobs), 2 (end unbounded claims), 3 (attempt history), 4 (paused kinds), 5 (runtimes), 6 (checkpoints), 7 (cancelled)\n"
     );
     let out = jobs(&url, &["migrate"]).await;
     assert_eq!(

@@ -39,6 +39,7 @@ pub(crate) const STATEMENTS: &[(&str, &str)] = &[
     ("DONE_KINDS", DONE_KINDS),
     ("PRUNE_BATCH", PRUNE_BATCH),
     ("PRUNE_FAILED_BATCH", PRUNE_FAILED_BATCH),
+    ("PRUNE_CANCELLED_BATCH", PRUNE_CANCELLED_BATCH),
     ("PAUSE", PAUSE),
     ("RESUME", RESUME),
     ("PAUSED", PAUSED),
@@ -161,12 +162,46 @@ UNION ALL
 SELECT m.id, m.covered_by FROM merged m
 "#;
 
-/// Deletes pending job `$1`. A job a runtime is claiming at that instant is locked by
-/// the claim: the delete waits for it, re-checks the state, finds it running and
-/// deletes nothing.
+/// Cancels job `$1` if it is live (pending or running): it becomes `cancelled`, its
+/// claim (if any) is gone, so every later fenced write of that claim is refused, and
+/// its re-run mark with it. Returns the id and the state it had; for a running job,
+/// notifies its runtime (channel `jobs_cancel`, the id as payload), which drops the
+/// handler at once (or at its next renewal, which reports the cancel, if the
+/// notification is lost), and records the attempt as cancelled in its history.
 ///
-/// Index: the primary key.
-const CANCEL: &str = "DELETE FROM jobs WHERE id = $1 AND state = 'pending' RETURNING id";
+/// Index: the primary key. The row lock is taken first (`FOR UPDATE`, which re-reads a
+/// row changed meanwhile): a claim, a completion or a fenced transaction holding the
+/// row is waited for, and the state is read after it: a job completed meanwhile is not
+/// live, and nothing is cancelled.
+const CANCEL: &str = r#"
+WITH target AS MATERIALIZED (
+    SELECT id, state FROM jobs
+    WHERE id = $1 AND state IN ('pending', 'running')
+    FOR UPDATE
+),
+cancelled AS (
+    UPDATE jobs j SET
+        state = 'cancelled',
+        finished_at = now(),
+        last_error = 'cancelled by an operator',
+        errors = CASE WHEN t.state = 'running' THEN jsonb_path_query_array(
+                     j.errors || jsonb_build_object('attempt', j.attempts, 'at', now(),
+                         'kind', 'cancelled', 'message', 'cancelled by an operator',
+                         'runtime', j.runtime_id),
+                     '$[last - 19 to last]')
+                 ELSE j.errors END,
+        rerun_after = NULL,
+        claimed_by = NULL,
+        claimed_until = NULL
+    FROM target t
+    WHERE j.id = t.id
+    RETURNING j.id, t.state
+)
+SELECT c.id, c.state,
+       (SELECT count(*) FROM (SELECT pg_notify('jobs_cancel', c.id::text)
+                              WHERE c.state = 'running') n) AS notified
+FROM cancelled c
+"#;
 
 /// Deletes failed job `$1`.
 ///
@@ -179,7 +214,7 @@ const DISCARD: &str = "DELETE FROM jobs WHERE id = $1 AND state = 'failed' RETUR
 /// Index: one partial index per state, each grouped by its leading `kind` (index-only
 /// scans where the visibility map allows): `jobs_claim (kind, run_after, id)` for the
 /// pending rows (its `run_after` splits claimable from scheduled and gives the lag),
-/// `jobs_running`, `jobs_done` and `jobs_failed`. No scan reads another state's rows.
+/// `jobs_running`, `jobs_done`, `jobs_failed` and `jobs_cancelled`. No scan reads another state's rows.
 const STATS: &str = r#"
 WITH p AS (
     SELECT kind,
@@ -191,6 +226,7 @@ WITH p AS (
 r AS (SELECT kind, count(*) AS n FROM jobs WHERE state = 'running' GROUP BY kind),
 d AS (SELECT kind, count(*) AS n FROM jobs WHERE state = 'done' GROUP BY kind),
 f AS (SELECT kind, count(*) AS n FROM jobs WHERE state = 'failed' GROUP BY kind),
+x AS (SELECT kind, count(*) AS n FROM jobs WHERE state = 'cancelled' GROUP BY kind),
 z AS (SELECT kind, true AS paused FROM jobs_paused)
 SELECT kind,
        coalesce(p.ready, 0) AS ready,
@@ -198,10 +234,11 @@ SELECT kind,
        coalesce(r.n, 0) AS running,
        coalesce(d.n, 0) AS done,
        coalesce(f.n, 0) AS failed,
+       coalesce(x.n, 0) AS cancelled,
        (extract(epoch FROM now() - p.oldest) * 1000000)::bigint AS lag_us,
        coalesce(z.paused, false) AS paused
 FROM p FULL JOIN r USING (kind) FULL JOIN d USING (kind) FULL JOIN f USING (kind)
-     FULL JOIN z USING (kind)
+     FULL JOIN x USING (kind) FULL JOIN z USING (kind)
 ORDER BY kind
 "#;
 
@@ -256,6 +293,21 @@ WITH old AS MATERIALIZED (
 DELETE FROM jobs j USING old WHERE j.id = old.id AND j.state = 'failed'
 "#;
 
+/// Deletes up to `$2` cancelled rows of kind `$1` finished more than `$3` ms ago, as
+/// [`PRUNE_FAILED_BATCH`] does failed ones. Index: `jobs_cancelled (kind, id) WHERE
+/// state = 'cancelled'`.
+const PRUNE_CANCELLED_BATCH: &str = r#"
+WITH old AS MATERIALIZED (
+    SELECT id FROM jobs
+    WHERE state = 'cancelled' AND kind = $1
+      AND finished_at < now() - $3 * interval '1 millisecond'
+    ORDER BY id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM jobs j USING old WHERE j.id = old.id AND j.state = 'cancelled'
+"#;
+
 /// The state of a job row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -268,15 +320,19 @@ pub enum JobState {
     Done,
     /// Out of attempts or failed permanently; kept for operators.
     Failed,
+    /// Cancelled by an operator ([`cancel`]) or by its handler
+    /// ([`JobError::cancel`](crate::JobError::cancel)); kept like failed rows.
+    Cancelled,
 }
 
 impl JobState {
     /// Every state, in the order a job goes through them.
-    pub const ALL: [JobState; 4] = [
+    pub const ALL: [JobState; 5] = [
         JobState::Pending,
         JobState::Running,
         JobState::Done,
         JobState::Failed,
+        JobState::Cancelled,
     ];
 
     /// The name stored in the `state` column.
@@ -286,6 +342,7 @@ impl JobState {
             JobState::Running => "running",
             JobState::Done => "done",
             JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
         }
     }
 }
@@ -299,14 +356,15 @@ impl fmt::Display for JobState {
 impl FromStr for JobState {
     type Err = Error;
 
-    /// Parses a state's stored name (`pending`, `running`, `done`, `failed`).
+    /// Parses a state's stored name (`pending`, `running`, `done`, `failed`,
+    /// `cancelled`).
     fn from_str(s: &str) -> Result<Self, Error> {
         JobState::ALL
             .into_iter()
             .find(|state| state.as_str() == s)
             .ok_or_else(|| {
                 Error::InvalidInput(format!(
-                    "unknown job state `{s}`: expected pending, running, done or failed"
+                    "unknown job state `{s}`: expected pending, running, done, failed or cancelled"
                 ))
             })
     }
@@ -592,20 +650,40 @@ pub fn is_live_key_conflict(error: &Error) -> bool {
     }
 }
 
-/// Deletes the pending job `id` before any runtime claims it.
+/// What [`cancel`] cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Cancelled {
+    /// A pending job: no runtime will claim it.
+    Pending,
+    /// A running job: its claim is gone, so every later write of that claim (a fenced
+    /// transaction, its completion, a failure) is refused; its runtime drops the
+    /// handler at once when the notification reaches it, and otherwise at its next
+    /// lease renewal (within a third of the kind's lease).
+    Running,
+}
+
+/// Cancels the live (pending or running) job `id`: it becomes
+/// [`JobState::Cancelled`], is never claimed again, and frees its key for new jobs.
+/// Cancelled rows are kept like failed ones and pruned by the same retention
+/// (`Runtime::retain_failed`); a pending re-run mark is dropped with the job.
 ///
-/// [`Error::NotFound`] when no pending job has this id: a running job is left alone
-/// (its claim and its runtime carry on), and so is a job a runtime claims at the same
-/// instant.
-pub async fn cancel<'e, E>(executor: E, id: i64) -> Result<(), Error>
+/// [`Error::NotFound`] when no live job has this id (a job that completes at the same
+/// instant is not cancelled: the cancel waits for the completion's lock and then finds
+/// it done).
+pub async fn cancel<'e, E>(executor: E, id: i64) -> Result<Cancelled, Error>
 where
     E: PgExecutor<'e>,
 {
-    let row: Option<i64> = sqlx::query_scalar(CANCEL)
+    let row: Option<(i64, String, i64)> = sqlx::query_as(CANCEL)
         .bind(id)
         .fetch_optional(executor)
         .await?;
-    row.map(drop).ok_or(Error::NotFound(id))
+    match row {
+        Some((_, state, _)) if state == "running" => Ok(Cancelled::Running),
+        Some(_) => Ok(Cancelled::Pending),
+        None => Err(Error::NotFound(id)),
+    }
 }
 
 /// Deletes the failed job `id` and its error.
@@ -638,6 +716,8 @@ pub struct KindStats {
     pub done: u64,
     /// Failed rows kept for operators.
     pub failed: u64,
+    /// Cancelled rows, kept like failed ones.
+    pub cancelled: u64,
     /// How long the oldest claimable job has been waiting since its `run_after`, on
     /// the database clock; `None` when no job is claimable. A lag that keeps growing
     /// means no runtime claims this kind, or they cannot keep up.
@@ -660,20 +740,23 @@ pub async fn stats<'e, E>(executor: E) -> Result<Vec<KindStats>, Error>
 where
     E: PgExecutor<'e>,
 {
-    type StatsRow = (String, i64, i64, i64, i64, i64, Option<i64>, bool);
+    type StatsRow = (String, i64, i64, i64, i64, i64, i64, Option<i64>, bool);
     let rows: Vec<StatsRow> = sqlx::query_as(STATS).fetch_all(executor).await?;
     Ok(rows
         .into_iter()
         .map(
-            |(kind, ready, scheduled, running, done, failed, lag_us, paused)| KindStats {
-                kind,
-                ready: count(ready),
-                scheduled: count(scheduled),
-                running: count(running),
-                done: count(done),
-                failed: count(failed),
-                lag: lag_us.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
-                paused,
+            |(kind, ready, scheduled, running, done, failed, cancelled, lag_us, paused)| {
+                KindStats {
+                    kind,
+                    ready: count(ready),
+                    scheduled: count(scheduled),
+                    running: count(running),
+                    done: count(done),
+                    failed: count(failed),
+                    cancelled: count(cancelled),
+                    lag: lag_us.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+                    paused,
+                }
             },
         )
         .collect())
@@ -734,6 +817,8 @@ pub(crate) enum Retained {
     Done,
     /// `failed` rows ([`PRUNE_FAILED_BATCH`]).
     Failed,
+    /// `cancelled` rows ([`PRUNE_CANCELLED_BATCH`]).
+    Cancelled,
 }
 
 /// One bounded batch of the retention prune of `which` rows of `kind` finished more than
@@ -748,6 +833,7 @@ pub(crate) async fn prune_batch<'e, E: PgExecutor<'e>>(
     let statement = match which {
         Retained::Done => PRUNE_BATCH,
         Retained::Failed => PRUNE_FAILED_BATCH,
+        Retained::Cancelled => PRUNE_CANCELLED_BATCH,
     };
     Ok(sqlx::query(statement)
         .bind(kind)

@@ -78,6 +78,9 @@ pub(crate) struct Inner {
     /// The handler has returned: its outcome is being written. A claim found gone then
     /// is the outcome's business (written, or refused and reported), not a lost lease.
     pub finished: AtomicBool,
+    /// An operator cancelled the job (`jobs::admin::cancel`): the runtime drops the
+    /// handler. Set before `lost` is signalled.
+    pub cancelled: AtomicBool,
     /// Transaction mode: the handler's transaction, opened at its first use.
     pub tx: Option<Mutex<TxSlot>>,
 }
@@ -230,6 +233,14 @@ impl JobContext {
                 ))
             }),
         }
+    }
+
+    /// Whether an operator cancelled the job ([`jobs::admin::cancel`](crate::admin::cancel)).
+    /// The runtime drops the handler's future at its next await point once it learns
+    /// of the cancel (at once by notification, or at the next lease renewal); a handler
+    /// that polls this in a long loop without awaiting can stop sooner.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancelled.load(Ordering::Acquire)
     }
 
     /// The pool the runtime claims from.
@@ -581,6 +592,8 @@ pub(crate) enum JobErrorKind {
     Payload(String),
     Snooze(Duration),
     LeaseLost,
+    /// The handler cancelled its job: `cancelled`, not retried.
+    Cancel(String),
 }
 
 impl JobError {
@@ -596,6 +609,21 @@ impl JobError {
         JobError {
             kind: JobErrorKind::Permanent(message.to_string()),
         }
+    }
+
+    /// The job is not to be done at all: it becomes `cancelled` at once, not retried,
+    /// with `reason` as its last error and in its attempt history, and is kept like a
+    /// failed job. As with a permanent failure, a trigger that arrived while it ran (a
+    /// re-run mark) still runs; a periodic kind's job waits for its next period.
+    pub fn cancel(reason: impl fmt::Display) -> Self {
+        JobError {
+            kind: JobErrorKind::Cancel(reason.to_string()),
+        }
+    }
+
+    /// Whether this is [`JobError::cancel`].
+    pub fn is_cancel(&self) -> bool {
+        matches!(self.kind, JobErrorKind::Cancel(_))
     }
 
     /// Not a failure: run the job again after `delay`, without spending an attempt.
@@ -635,6 +663,7 @@ impl fmt::Display for JobError {
             }
             JobErrorKind::Snooze(d) => write!(f, "snoozed for {d:?}"),
             JobErrorKind::LeaseLost => f.write_str("the job's lease was lost"),
+            JobErrorKind::Cancel(m) => write!(f, "cancelled: {m}"),
         }
     }
 }

@@ -90,8 +90,9 @@ impl EnqueueOptions {
 
     /// Claimable from `at`, an instant the application chose; whether it has come is
     /// decided on the database's clock, as for every job. An instant already past makes
-    /// the job claimable now (its run-after reads as the enqueue's time). Replaces an
-    /// earlier [`delay`](Self::delay).
+    /// the job claimable now (its run-after reads as the enqueue's time); one after the
+    /// year 9999 is refused when the job is enqueued. Replaces an earlier
+    /// [`delay`](Self::delay).
     pub fn at(mut self, at: DateTime<Utc>) -> Self {
         self.when = When::At(at);
         self
@@ -117,9 +118,11 @@ pub(crate) struct NewJob {
     pub at: Option<DateTime<Utc>>,
 }
 
-/// The earliest and latest instants an enqueue passes on: past ones become "now" in
-/// the database anyway, and every one of these fits PostgreSQL's timestamp.
-const AT_MIN: DateTime<Utc> = DateTime::UNIX_EPOCH;
+/// The latest instant a job may be scheduled at, in seconds since 1970: the end of
+/// the year 9999 (PostgreSQL stores later ones, chrono earlier ones, and no job needs
+/// more). Instants before 1970 are passed on as 1970: past instants mean "now" in the
+/// database anyway.
+const AT_MAX_SECS: i64 = 253_402_300_799;
 
 impl NewJob {
     pub(crate) fn new<J: Job>(job: &J, delay: Duration) -> Result<Self, Error> {
@@ -138,14 +141,13 @@ impl NewJob {
             When::At(at) => (Duration::ZERO, Some(at)),
         };
         check_delay(J::KIND, delay)?;
-        if let Some(at) = at {
-            let ahead = at.signed_duration_since(Utc::now()).to_std();
-            if ahead.is_ok_and(|ahead| ahead > MAX_DURATION) {
-                return Err(Error::InvalidInput(format!(
-                    "the run-after of a job of kind `{}` is {at}, more than the 1,000 years a job can be scheduled ahead",
-                    J::KIND
-                )));
-            }
+        if let Some(at) = at
+            && at.timestamp() > AT_MAX_SECS
+        {
+            return Err(Error::InvalidInput(format!(
+                "the run-after of a job of kind `{}` is {at}, after the year 9999",
+                J::KIND
+            )));
         }
         let max_attempts = options.max_attempts.unwrap_or(J::CONFIG.max_attempts);
         if max_attempts == 0 {
@@ -171,7 +173,13 @@ impl NewJob {
             payload,
             max_attempts: i32::try_from(max_attempts).unwrap_or(i32::MAX),
             delay_ms: millis(delay),
-            at: at.map(|at| at.max(AT_MIN)),
+            at: at.map(|at| {
+                if at.timestamp() < 0 {
+                    DateTime::from_timestamp(0, 0).unwrap_or(at)
+                } else {
+                    at
+                }
+            }),
         })
     }
 }

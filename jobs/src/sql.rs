@@ -289,8 +289,10 @@ CROSS JOIN LATERAL (
 "#;
 
 /// Renews the leases of the claims `($1[i], $2[i])` to `$3[i]` ms from now, for those
-/// still held. Returns, per claim token, whether it was renewed and whether it is still
-/// held: a claim neither renewed nor held is lost; one held but not renewed has its row
+/// still held. Returns, per claim token, whether it was renewed, whether it is still
+/// held, and whether an operator cancelled the job (`jobs::admin::cancel`: the
+/// runtime then drops the handler): a claim neither renewed nor held is lost; one held
+/// but not renewed has its row
 /// locked by another transaction (a fenced transaction, or an application's transaction
 /// that marked the job for a re-run) and is tried again at the next beat.
 ///
@@ -317,7 +319,8 @@ renewed AS (
 )
 SELECT c.token,
        r.id IS NOT NULL AS renewed,
-       coalesce(j.claimed_by = c.token AND j.claimed_until > now(), false) AS held
+       coalesce(j.claimed_by = c.token AND j.claimed_until > now(), false) AS held,
+       coalesce(j.state = 'cancelled', false) AS cancelled
 FROM c
 LEFT JOIN renewed r ON r.id = c.id
 LEFT JOIN jobs j ON j.id = c.id
@@ -448,15 +451,17 @@ UPDATE jobs SET run_after = now()
 WHERE kind = ANY($1) AND state = 'pending' AND run_after > now()
 "#;
 
-/// The jobs of the kinds `$1` with a failed attempt since `$2`, with their history
-/// (`jobs::testing::drain_with`). Reads every row of the kinds: for a test's table.
+/// The jobs of the kinds `$1` with a failed attempt since `$2` (seconds since the
+/// epoch, a time the database gave), with their history (`jobs::testing::drain_with`).
+/// Reads every row of the kinds: for a test's table.
 pub(crate) const FAILED_SINCE: &str = concat!(
     "SELECT id, kind, state, ",
     crate::history::history_columns!(),
     r#"
 FROM jobs
 WHERE kind = ANY($1)
-  AND EXISTS (SELECT 1 FROM jsonb_array_elements(errors) e WHERE (e->>'at')::timestamptz >= $2)
+  AND EXISTS (SELECT 1 FROM jsonb_array_elements(errors) e
+              WHERE (e->>'at')::timestamptz >= to_timestamp($2::float8))
 ORDER BY id
 "#
 );
@@ -473,13 +478,15 @@ pub(crate) const LAST_CHECKPOINT: &str = "SELECT checkpoint FROM jobs WHERE id =
 /// waits one period, with a fresh budget and its last error kept, so a failing periodic
 /// kind runs at its own pace and leaves no pile of failed rows. `$7` is the kind of
 /// failure, which the attempt's entry in `errors` records with the message (the last
-/// 20 attempts are kept). Returns the new state.
+/// 20 attempts are kept). A handler's cancel (`$7` = `cancelled`, with `$4`) ends the
+/// job `cancelled` instead of `failed`, on the same terms. Returns the new state.
 ///
 /// Index: primary key. Runs on its own (never inside a handler's transaction), so
 /// `now()` is the time of the failure.
 pub(crate) const FAIL: &str = r#"
 UPDATE jobs j SET
     state = CASE WHEN j.rerun_after IS NOT NULL THEN 'pending'
+                 WHEN $7 = 'cancelled' AND $6::bigint IS NULL THEN 'cancelled'
                  WHEN ($4 OR j.attempts >= j.max_attempts) AND $6::bigint IS NULL THEN 'failed'
                  ELSE 'pending' END,
     run_after = CASE

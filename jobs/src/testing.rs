@@ -218,8 +218,9 @@ pub async fn perform<J: Job>(pool: &PgPool, job: &J) -> Result<(), JobError> {
             J::KIND
         )));
     };
-    let enqueued = job
-        .enqueue(pool)
+    let row = crate::enqueue::NewJob::new(job, Duration::ZERO)
+        .map_err(|e| JobError::permanent(format!("cannot enqueue the job: {e}")))?;
+    let enqueued = crate::enqueue::insert_one(pool, row)
         .await
         .map_err(|e| JobError::permanent(format!("cannot enqueue the job: {e}")))?;
     if enqueued.outcome == EnqueueOutcome::RerunMarked {
@@ -327,6 +328,7 @@ pub async fn drain_with(pool: &PgPool, options: Drain) -> Result<Drained, Error>
         .filter(|h| h.config.every.is_none())
         .map(|h| h.kind)
         .collect();
+    // The database's time, which the failures are compared with.
     let started: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     let runtime = Runtime::new(pool.clone())
         .poll_interval(Duration::from_millis(10))
@@ -355,7 +357,7 @@ pub async fn drain_with(pool: &PgPool, options: Drain) -> Result<Drained, Error>
         .await?;
     let rows = sqlx::query(crate::sql::FAILED_SINCE)
         .bind(&kinds)
-        .bind(started)
+        .bind(started.timestamp_micros() as f64 / 1e6)
         .fetch_all(pool)
         .await?;
     let mut failures = Vec::new();

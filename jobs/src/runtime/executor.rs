@@ -38,6 +38,8 @@ enum Outcome {
     Permanent(FailureKind, String),
     Snooze(Duration),
     LeaseLost,
+    /// An operator cancelled the job: its row is `cancelled` already, nothing to write.
+    Cancelled,
     /// Shutdown grace elapsed: the job is handed back.
     Stopped,
 }
@@ -47,10 +49,12 @@ impl Outcome {
     fn label(&self, job: &Claimed) -> &'static str {
         match self {
             Outcome::Succeeded => "succeeded",
+            Outcome::Permanent(FailureKind::Cancelled, _) => "cancelled",
             Outcome::Retry(..) if job.attempt < job.max_attempts => "retried",
             Outcome::Retry(..) | Outcome::Permanent(..) => "failed",
             Outcome::Snooze(_) => "snoozed",
             Outcome::LeaseLost => "lease_lost",
+            Outcome::Cancelled => "cancelled",
             Outcome::Stopped => "handed_back",
         }
     }
@@ -86,6 +90,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
         fence_dropped: AtomicBool::new(false),
         completed: AtomicBool::new(false),
         finished: AtomicBool::new(false),
+        cancelled: AtomicBool::new(false),
         tx: transaction_mode.then(|| Mutex::new(TxSlot::Unopened)),
     });
     // The claim is renewed from here until its outcome is written (by this executor,
@@ -148,6 +153,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
         Outcome::LeaseLost => {
             tracing::warn!("job's lease was lost: another runtime may run it; nothing written")
         }
+        Outcome::Cancelled => tracing::info!("job cancelled by an operator; handler dropped"),
         Outcome::Snooze(d) => tracing::debug!(delay = ?d, "job snoozed"),
         Outcome::Stopped => tracing::info!("job handed back at shutdown"),
     }
@@ -199,7 +205,11 @@ async fn slot(shared: &Shared, kind: &str, job: &Inner) -> Result<Slot, Outcome>
         biased;
         _ = stopping.wait_for(|stop| *stop) => Err(Outcome::Stopped),
         _ = hard_stop.wait_for(|stop| *stop) => Err(Outcome::Stopped),
-        _ = lost.wait_for(|lost| *lost) => Err(Outcome::LeaseLost),
+        _ = lost.wait_for(|lost| *lost) => Err(if job.cancelled.load(Ordering::Acquire) {
+            Outcome::Cancelled
+        } else {
+            Outcome::LeaseLost
+        }),
         (own, any) = acquire => match (own.transpose(), any) {
             (Ok(own), Ok(any)) => Ok((own, any)),
             // The semaphores are never closed.
@@ -292,14 +302,35 @@ async fn run_handler(
                 JobErrorKind::Payload(m) => Outcome::Permanent(FailureKind::Payload, m),
                 JobErrorKind::Snooze(d) => Outcome::Snooze(d),
                 JobErrorKind::LeaseLost => Outcome::LeaseLost,
+                JobErrorKind::Cancel(m) => Outcome::Permanent(FailureKind::Cancelled, m),
             },
             Some(Err(panic)) => Outcome::Retry(
                 FailureKind::Panic,
                 format!("handler panicked: {}", panic_message(&*panic)),
             ),
         },
-        _ = ctx.lease_lost(), if cancel_on_loss => Outcome::LeaseLost,
+        outcome = stop_signal(&ctx, cancel_on_loss) => outcome,
         _ = hard_stop.wait_for(|stop| *stop) => Outcome::Stopped,
+    }
+}
+
+/// Resolves when the handler is to be dropped: the job was cancelled by an operator,
+/// or its lease was lost and the kind cancels on lease loss. A lost lease without
+/// cancelling keeps waiting, for a cancel that may still come.
+async fn stop_signal(ctx: &JobContext, cancel_on_loss: bool) -> Outcome {
+    let mut lost = ctx.inner.lost.clone();
+    loop {
+        if *lost.borrow_and_update() {
+            if ctx.inner.cancelled.load(Ordering::Acquire) {
+                return Outcome::Cancelled;
+            }
+            if cancel_on_loss {
+                return Outcome::LeaseLost;
+            }
+        }
+        if lost.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }
 
@@ -337,7 +368,7 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
         }
         return;
     }
-    if let Outcome::LeaseLost = outcome {
+    if let Outcome::LeaseLost | Outcome::Cancelled = outcome {
         forget();
         return;
     }
@@ -385,12 +416,13 @@ async fn write_outcome<'e, E: sqlx::PgExecutor<'e>>(
     let rows = match outcome {
         Outcome::Retry(kind, message) | Outcome::Permanent(kind, message) => {
             let permanent = matches!(outcome, Outcome::Permanent(..));
-            // `last_error` says what kind of failure it was: "permanent: ...", "timed
-            // out after ...", "handler panicked: ...", or the handler's own message.
-            let message = if permanent {
-                format!("permanent: {message}")
-            } else {
-                message.clone()
+            // `last_error` says what kind of failure it was: "permanent: ...",
+            // "cancelled: ...", "timed out after ...", "handler panicked: ...", or the
+            // handler's own message.
+            let message = match (permanent, kind) {
+                (true, FailureKind::Cancelled) => format!("cancelled: {message}"),
+                (true, _) => format!("permanent: {message}"),
+                (false, _) => message.clone(),
             };
             sqlx::query(sql::FAIL)
                 .bind(job.id)
@@ -405,7 +437,7 @@ async fn write_outcome<'e, E: sqlx::PgExecutor<'e>>(
         }
         Outcome::Snooze(delay) => release(executor, job, millis(*delay)).await?,
         Outcome::Stopped => release(executor, job, 0).await?,
-        Outcome::Succeeded | Outcome::LeaseLost => return Ok(true),
+        Outcome::Succeeded | Outcome::LeaseLost | Outcome::Cancelled => return Ok(true),
     };
     Ok(rows.rows_affected() > 0)
 }
@@ -452,6 +484,7 @@ pub(crate) async fn perform_inline(
         fence_dropped: AtomicBool::new(false),
         completed: AtomicBool::new(false),
         finished: AtomicBool::new(false),
+        cancelled: AtomicBool::new(false),
         tx: handler
             .config
             .is_transaction()
@@ -488,6 +521,7 @@ pub(crate) async fn perform_inline(
                 JobErrorKind::Payload(m) => Outcome::Permanent(FailureKind::Payload, m.clone()),
                 JobErrorKind::Snooze(d) => Outcome::Snooze(*d),
                 JobErrorKind::LeaseLost => Outcome::LeaseLost,
+                JobErrorKind::Cancel(m) => Outcome::Permanent(FailureKind::Cancelled, m.clone()),
             };
             (outcome, Err(e))
         }
@@ -534,7 +568,7 @@ pub(crate) async fn perform_inline(
         (Outcome::Retry(_, m) | Outcome::Permanent(_, m), Ok(())) => {
             result = Err(JobError::retry(m))
         }
-        (Outcome::Snooze(_) | Outcome::Stopped, Ok(())) => {}
+        (Outcome::Snooze(_) | Outcome::Stopped | Outcome::Cancelled, Ok(())) => {}
     }
     result
 }

@@ -127,7 +127,7 @@ async fn run(beat: &Beat) {
                 .fetch_all(c)
                 .await
         };
-        let result: Result<Vec<(Uuid, bool, bool)>, sqlx::Error> =
+        let result: Result<Vec<(Uuid, bool, bool, bool)>, sqlx::Error> =
             match tokio::time::timeout(shortest / 2, renewal).await {
                 Ok(result) => result,
                 Err(_) => Err(sqlx::Error::Protocol(format!(
@@ -144,7 +144,7 @@ async fn run(beat: &Beat) {
         let flights = &mut *beat.flights.lock().expect("lock poisoned");
         match result {
             Ok(rows) => {
-                for (token, renewed, held) in rows {
+                for (token, renewed, held, cancelled) in rows {
                     let Some(flight) = flights.get_mut(&token) else {
                         continue; // finished meanwhile
                     };
@@ -156,6 +156,9 @@ async fn run(beat: &Beat) {
                             job.id = flight.ctx.id,
                             "lease not renewed: the job's row is locked"
                         );
+                    } else if cancelled {
+                        // The notification may have been lost: the renewal tells.
+                        super::cancel_flight(flight);
                     } else if !flight.ctx.finished.load(Ordering::Acquire)
                         && !flight.ctx.completed.load(Ordering::Acquire)
                         && !flight.ctx.fenced.load(Ordering::Acquire)

@@ -19,6 +19,10 @@ pub(crate) const CHANNEL: &str = "jobs";
 /// kinds again.
 pub(crate) const PAUSE_CHANNEL: &str = "jobs_paused";
 
+/// The channel `jobs::admin::cancel` notifies with the id of a running job it
+/// cancelled: the runtime holding it drops its handler.
+pub(crate) const CANCEL_CHANNEL: &str = "jobs_cancel";
+
 pub(super) async fn run(shared: Arc<Shared>) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
     loop {
@@ -38,7 +42,14 @@ pub(super) async fn run(shared: Arc<Shared>) {
         loop {
             match listener.try_recv().await {
                 Ok(Some(notification)) => {
-                    if notification.channel() == PAUSE_CHANNEL {
+                    if notification.channel() == CANCEL_CHANNEL {
+                        if let Ok(id) = notification.payload().parse::<i64>() {
+                            let flights = shared.flights.lock().expect("lock poisoned");
+                            for flight in flights.values().filter(|f| f.ctx.id == id) {
+                                super::cancel_flight(flight);
+                            }
+                        }
+                    } else if notification.channel() == PAUSE_CHANNEL {
                         shared.paused_changed.store(true, Ordering::Release);
                         shared.wake.notify_one();
                     } else if shared.handlers.contains_key(notification.payload()) {
@@ -62,6 +73,8 @@ pub(super) async fn run(shared: Arc<Shared>) {
 
 async fn connect(shared: &Shared) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(&shared.db).await?;
-    listener.listen_all([CHANNEL, PAUSE_CHANNEL]).await?;
+    listener
+        .listen_all([CHANNEL, PAUSE_CHANNEL, CANCEL_CHANNEL])
+        .await?;
     Ok(listener)
 }

@@ -447,6 +447,9 @@ pub struct RunCounts {
     pub snoozed: u64,
     /// Runs whose lease was lost.
     pub lease_lost: u64,
+    /// Runs whose job was cancelled: by an operator while it ran (the handler was
+    /// dropped), or by the handler itself (`JobError::cancel`).
+    pub cancelled: u64,
     /// Claims handed back: runs cancelled at shutdown, and claims taken ahead that went
     /// back unstarted (at shutdown, or finding no slot within a second).
     pub handed_back: u64,
@@ -461,6 +464,7 @@ impl RunCounts {
             failed: counts.failed.load(Relaxed),
             snoozed: counts.snoozed.load(Relaxed),
             lease_lost: counts.lease_lost.load(Relaxed),
+            cancelled: counts.cancelled.load(Relaxed),
             handed_back: counts.handed_back.load(Relaxed),
         }
     }
@@ -621,6 +625,23 @@ pub(crate) struct Flight {
     lost: watch::Sender<bool>,
     lease: Duration,
     last_renewed: Instant,
+}
+
+/// Tells a claim's executor that an operator cancelled its job: the handler is
+/// dropped (or, not started yet, never starts), and nothing more is written for it.
+pub(crate) fn cancel_flight(flight: &Flight) {
+    if !flight
+        .ctx
+        .cancelled
+        .swap(true, std::sync::atomic::Ordering::AcqRel)
+    {
+        tracing::info!(
+            job.id = flight.ctx.id,
+            job.kind = flight.ctx.kind,
+            "job cancelled by an operator: dropping its handler"
+        );
+    }
+    let _ = flight.lost.send(true);
 }
 
 impl Shared {

@@ -6,7 +6,7 @@
 //! | metric | kind | labels |
 //! |---|---|---|
 //! | `jobs_claimed_total` | counter | `kind` |
-//! | `jobs_finished_total` | counter | `kind`, `outcome` (succeeded, retried, failed, snoozed, lease_lost, handed_back) |
+//! | `jobs_finished_total` | counter | `kind`, `outcome` (succeeded, retried, failed, snoozed, lease_lost, cancelled, handed_back) |
 //! | `jobs_handler_duration_seconds` | histogram | `kind` |
 //! | `jobs_queue_wait_seconds` | histogram: claim time minus run-after, database clock | `kind` |
 //! | `jobs_lag_seconds` | gauge: age of the oldest claimable job, every 10 s | `kind` |
@@ -23,6 +23,7 @@ pub(crate) struct Counts {
     pub failed: AtomicU64,
     pub snoozed: AtomicU64,
     pub lease_lost: AtomicU64,
+    pub cancelled: AtomicU64,
     pub handed_back: AtomicU64,
 }
 
@@ -48,6 +49,7 @@ pub(crate) fn finished(
         "failed" => &counts.failed,
         "snoozed" => &counts.snoozed,
         "lease_lost" => &counts.lease_lost,
+        "cancelled" => &counts.cancelled,
         _ => &counts.handed_back,
     };
     counter.fetch_add(1, Ordering::Relaxed);

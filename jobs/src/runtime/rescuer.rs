@@ -68,10 +68,11 @@ pub(super) async fn prune(shared: Arc<Shared>, retain_failed: Option<Duration>) 
         let mut backlog = false;
         for info in shared.handlers.values() {
             if let Some(retain) = info.config.retain {
-                backlog |= prune_one(&shared, info.kind, retain, false).await;
+                backlog |= prune_one(&shared, info.kind, retain, Retained::Done).await;
             }
             if let Some(retain) = retain_failed {
-                backlog |= prune_one(&shared, info.kind, retain, true).await;
+                backlog |= prune_one(&shared, info.kind, retain, Retained::Failed).await;
+                backlog |= prune_one(&shared, info.kind, retain, Retained::Cancelled).await;
             }
         }
         tokio::time::sleep(if backlog {
@@ -84,18 +85,13 @@ pub(super) async fn prune(shared: Arc<Shared>, retain_failed: Option<Duration>) 
 }
 
 /// One bounded batch; returns whether it was full (more may be waiting).
-async fn prune_one(shared: &Shared, kind: &str, retain: Duration, failed: bool) -> bool {
+async fn prune_one(shared: &Shared, kind: &str, retain: Duration, which: Retained) -> bool {
     let batch = i64::from(BATCH);
-    let which = if failed {
-        Retained::Failed
-    } else {
-        Retained::Done
-    };
     let result = crate::admin::prune_batch(&shared.db, which, kind, retain, batch).await;
     match result {
         Ok(n) => n >= batch as u64,
         Err(e) => {
-            tracing::warn!(error = %e, job.kind = kind, failed, "cannot prune old jobs");
+            tracing::warn!(error = %e, job.kind = kind, rows = ?which, "cannot prune old jobs");
             false
         }
     }
