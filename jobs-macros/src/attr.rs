@@ -38,6 +38,10 @@ pub(crate) struct JobAttr {
     pub retain: Option<Millis>,
     pub every: Option<Millis>,
     pub every_span: Option<Span>,
+    /// The cron expression, checked.
+    pub cron: Option<LitStr>,
+    /// The time zone of the cron expression, checked.
+    pub timezone: Option<LitStr>,
 }
 
 const KIND: &str = "kind";
@@ -51,6 +55,8 @@ const TIMEOUT: &str = "timeout";
 const CONCURRENCY: &str = "concurrency";
 const RETAIN: &str = "retain";
 const EVERY: &str = "every";
+const CRON: &str = "cron";
+const TIMEZONE: &str = "timezone";
 
 /// Each key with an example of its value, shown when the value is wrong or missing.
 const EXAMPLES: &[(&str, &str)] = &[
@@ -68,6 +74,8 @@ const EXAMPLES: &[(&str, &str)] = &[
     (CONCURRENCY, "concurrency = 4"),
     (RETAIN, "retain = \"7d\""),
     (EVERY, "every = \"10m\""),
+    (CRON, "cron = \"0 3 * * *\""),
+    (TIMEZONE, "timezone = \"Europe/Paris\""),
 ];
 
 /// Durations that make no sense at zero: a lease that is over at once, a handler
@@ -86,6 +94,8 @@ const KEYS: &[&str] = &[
     CONCURRENCY,
     RETAIN,
     EVERY,
+    CRON,
+    TIMEZONE,
 ];
 
 /// Collects errors so that one compile shows every mistake.
@@ -215,6 +225,35 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
                     out.every_span = Some(value.span());
                     out.every = duration(&value, EVERY, errors);
                 }
+                // #[job(cron = "0 3 * * *")]
+                CRON => match string(&value, example(CRON)) {
+                    Ok(lit) => match <croner::Cron as std::str::FromStr>::from_str(&lit.value()) {
+                        Ok(_) => out.cron = Some(lit),
+                        Err(e) => errors.push(syn::Error::new(
+                            lit.span(),
+                            format!(
+                                "not a cron expression ({e}): five fields (minute hour day-of-month month day-of-week), or six with seconds first, e.g. {}",
+                                example(CRON)
+                            ),
+                        )),
+                    },
+                    Err(e) => errors.push(e),
+                },
+                // #[job(timezone = "Europe/Paris")]
+                TIMEZONE => match string(&value, example(TIMEZONE)) {
+                    Ok(lit) => match <chrono_tz::Tz as std::str::FromStr>::from_str(&lit.value()) {
+                        Ok(_) => out.timezone = Some(lit),
+                        Err(_) => errors.push(syn::Error::new(
+                            lit.span(),
+                            format!(
+                                "not an IANA time zone: `{}`; e.g. {}, or \"UTC\"",
+                                lit.value(),
+                                example(TIMEZONE)
+                            ),
+                        )),
+                    },
+                    Err(e) => errors.push(e),
+                },
                 _ => unreachable!("every key in KEYS has an arm"),
             }
             Ok(())

@@ -2,7 +2,7 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
-use syn::{Data, DeriveInput, Fields};
+use syn::{Data, DeriveInput, Fields, LitStr};
 
 use crate::attr::{self, Errors, JobAttr, Lease};
 
@@ -79,6 +79,24 @@ fn validate(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) -> Vec<(sy
         errors.push(syn::Error::new(
             span,
             "a periodic job (`every`) cannot have a `key`: the runtime keeps one live job of the kind",
+        ));
+    }
+    if let (Some(cron), false) = (&attr.cron, attr.key.is_empty()) {
+        errors.push(syn::Error::new(
+            cron.span(),
+            "a cron job cannot have a `key`: the runtime keeps one live job of the kind",
+        ));
+    }
+    if let (Some(cron), Some(_)) = (&attr.cron, attr.every_span) {
+        errors.push(syn::Error::new(
+            cron.span(),
+            "a job has either `every` or `cron`, not both",
+        ));
+    }
+    if let (Some(zone), None) = (&attr.timezone, &attr.cron) {
+        errors.push(syn::Error::new(
+            zone.span(),
+            "`timezone` reads a `cron` schedule: add cron = \"...\", or remove it",
         ));
     }
     check_durations(attr, errors);
@@ -173,6 +191,13 @@ fn expand_impl(
         let d = millis(d.value);
         config = quote!(#config.with_every(#d));
     }
+    if let Some(cron) = &attr.cron {
+        let zone = attr
+            .timezone
+            .as_ref()
+            .map_or_else(|| "UTC".to_owned(), LitStr::value);
+        config = quote!(#config.with_cron(#cron, #zone));
+    }
 
     // Each part is shown at the string that names its field, so that a field type
     // without `KeyPart` is reported there and not at the derive.
@@ -183,7 +208,7 @@ fn expand_impl(
     let key_body = match key_fields.len() {
         // A periodic kind's one live job has a fixed key, so that an explicit enqueue
         // coalesces into it instead of starting a second schedule.
-        0 if attr.every.is_some() => quote!(::core::option::Option::Some(
+        0 if attr.every.is_some() || attr.cron.is_some() => quote!(::core::option::Option::Some(
             ::std::string::String::from(::jobs::__private::PERIODIC_KEY)
         )),
         0 => quote!(::core::option::Option::None),
@@ -193,13 +218,16 @@ fn expand_impl(
         },
     };
 
-    let periodic = attr.every_span.map(|span| {
-        quote_spanned! {span=>
-            fn periodic_instance() -> ::core::option::Option<Self> {
-                ::core::option::Option::Some(<Self as ::core::default::Default>::default())
+    let periodic = attr
+        .every_span
+        .or(attr.cron.as_ref().map(LitStr::span))
+        .map(|span| {
+            quote_spanned! {span=>
+                fn periodic_instance() -> ::core::option::Option<Self> {
+                    ::core::option::Option::Some(<Self as ::core::default::Default>::default())
+                }
             }
-        }
-    });
+        });
 
     quote! {
         #[automatically_derived]

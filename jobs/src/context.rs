@@ -81,8 +81,24 @@ pub(crate) struct Inner {
     /// An operator cancelled the job (`jobs::admin::cancel`): the runtime drops the
     /// handler. Set before `lost` is signalled.
     pub cancelled: AtomicBool,
+    /// The database's clock at the claim (microseconds since the epoch), and when that
+    /// was on this process's monotonic clock: the database's time now, estimated.
+    pub db_clock: Option<(i64, std::time::Instant)>,
     /// Transaction mode: the handler's transaction, opened at its first use.
     pub tx: Option<Mutex<TxSlot>>,
+}
+
+impl Inner {
+    /// How long after now (on the database's clock, estimated from the claim's time)
+    /// the kind's next run is due: its period, or the time to its next cron fire.
+    pub(crate) fn next_run_ms(&self) -> Option<i64> {
+        if self.config.every.is_some() {
+            return self.config.next_run_ms(0);
+        }
+        let (at_claim, claimed) = self.db_clock?;
+        let elapsed = i64::try_from(claimed.elapsed().as_micros()).unwrap_or(i64::MAX);
+        self.config.next_run_ms(at_claim.saturating_add(elapsed))
+    }
 }
 
 /// The handler's transaction in transaction mode.

@@ -146,6 +146,44 @@ pub struct JobConfig {
     /// Period of a periodic kind (`every = "10m"`): one live job across all replicas,
     /// re-armed one period after each completion.
     pub every: Option<Duration>,
+    /// Cron schedule of a scheduled kind (`cron = "0 3 * * *"`, `timezone = "..."`):
+    /// one live job across all replicas, run at each fire time.
+    pub cron: Option<CronSchedule>,
+}
+
+/// When a cron kind runs: a cron expression read in an IANA time zone.
+///
+/// Five fields (minute, hour, day of month, month, day of week), or six with seconds
+/// first, and the `@daily`-style macros, as the `croner` crate reads them. Fire times
+/// follow the zone's wall clock across daylight-saving changes: a local time that a
+/// change skips fires at the corresponding time after it (02:30 on the spring-forward
+/// night fires at 03:00), and one that occurs twice fires once, at its first occurrence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CronSchedule {
+    /// The cron expression, e.g. `0 3 * * *`.
+    pub expression: &'static str,
+    /// The IANA time zone it is read in, e.g. `Europe/Paris` (`UTC` by default).
+    pub timezone: &'static str,
+}
+
+impl CronSchedule {
+    /// The first fire time strictly after `after`, at whole seconds. `None` if the
+    /// expression or the zone does not parse (the derive checks both at compile time),
+    /// or it never fires again (the 30th of February).
+    pub fn next_after(
+        &self,
+        after: sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>,
+    ) -> Option<sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>> {
+        use std::str::FromStr;
+        let cron = croner::Cron::from_str(self.expression).ok()?;
+        let zone = chrono_tz::Tz::from_str(self.timezone).ok()?;
+        // croner keeps the fraction of a second of its start: start at the whole second.
+        let start = after.with_timezone(&zone);
+        let start = chrono::DurationRound::duration_trunc(start, chrono::TimeDelta::seconds(1))
+            .unwrap_or(start);
+        let next = cron.find_next_occurrence(&start, false).ok()?;
+        Some(next.with_timezone(&sqlx::types::chrono::Utc))
+    }
 }
 
 impl JobConfig {
@@ -160,6 +198,7 @@ impl JobConfig {
         concurrency: None,
         retain: None,
         every: None,
+        cron: None,
     };
 
     /// Sets `max_attempts` (at least 1).
@@ -206,6 +245,34 @@ impl JobConfig {
     pub const fn with_every(mut self, d: Duration) -> Self {
         self.every = Some(d);
         self
+    }
+    /// Runs the kind on a cron schedule, read in the IANA time zone `timezone`.
+    pub const fn with_cron(mut self, expression: &'static str, timezone: &'static str) -> Self {
+        self.cron = Some(CronSchedule {
+            expression,
+            timezone,
+        });
+        self
+    }
+
+    /// Whether one live job of the kind is kept armed (`every` or `cron`).
+    pub(crate) fn is_periodic(&self) -> bool {
+        self.every.is_some() || self.cron.is_some()
+    }
+
+    /// How long after `db_now` (the database's clock, in microseconds since the epoch)
+    /// the kind's next run is due, in milliseconds: its period, or the time until its
+    /// next cron fire (rounded up, so never before it). `None` for other kinds, and for
+    /// a schedule that never fires again.
+    pub(crate) fn next_run_ms(&self, db_now_us: i64) -> Option<i64> {
+        if let Some(every) = self.every {
+            return Some(crate::enqueue::millis(every));
+        }
+        let cron = self.cron?;
+        let now = sqlx::types::chrono::DateTime::from_timestamp_micros(db_now_us)?;
+        let next = cron.next_after(now)?;
+        let us = (next - now).num_microseconds()?;
+        Some((us + 999) / 1000)
     }
 
     /// The length of the lease a claim of this kind is taken and renewed under.
@@ -322,6 +389,74 @@ pub(crate) fn join_key_parts(parts: &[Option<String>]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fire times of `expression` in Paris from `from` (UTC), `n` of them, as
+    /// local wall-clock times with their offset.
+    fn fires(expression: &'static str, from: &str, n: usize) -> Vec<String> {
+        let cron = CronSchedule {
+            expression,
+            timezone: "Europe/Paris",
+        };
+        let mut at = sqlx::types::chrono::DateTime::parse_from_rfc3339(from)
+            .unwrap()
+            .to_utc();
+        (0..n)
+            .map(|_| {
+                at = cron.next_after(at).unwrap();
+                at.with_timezone(&chrono_tz::Europe::Paris)
+                    .format("%m-%d %H:%M %z")
+                    .to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cron_fire_times_follow_the_wall_clock_across_daylight_saving() {
+        // Spring forward (2027-03-28, 02:00 CET -> 03:00 CEST): 02:30 does not exist
+        // that night; it fires at 03:00, once, and at 02:30 again after.
+        assert_eq!(
+            fires("30 2 * * *", "2027-03-27T12:00:00Z", 3),
+            [
+                "03-28 03:00 +0200",
+                "03-29 02:30 +0200",
+                "03-30 02:30 +0200"
+            ]
+        );
+        // Fall back (2027-10-31, 03:00 CEST -> 02:00 CET): 02:30 happens twice; it
+        // fires once, at the first.
+        assert_eq!(
+            fires("30 2 * * *", "2027-10-30T12:00:00Z", 3),
+            [
+                "10-31 02:30 +0200",
+                "11-01 02:30 +0100",
+                "11-02 02:30 +0100"
+            ]
+        );
+        // An hourly schedule through the repeated hour: 02:00 once.
+        assert_eq!(
+            fires("0 * * * *", "2027-10-30T22:30:00Z", 4),
+            [
+                "10-31 01:00 +0200",
+                "10-31 02:00 +0200",
+                "10-31 03:00 +0100",
+                "10-31 04:00 +0100"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_next_run_of_a_cron_kind_is_strictly_after_now_and_never_early() {
+        let config = JobConfig::DEFAULT.with_cron("*/2 * * * * *", "UTC");
+        // 10.0004 s past the epoch: the next fire is at 12 s, 1,999.6 ms away, rounded up.
+        assert_eq!(config.next_run_ms(10_000_400), Some(2_000));
+        // Exactly at a fire time: the next one, not this one again.
+        assert_eq!(config.next_run_ms(12_000_000), Some(2_000));
+        // Never: the 30th of February.
+        let never = JobConfig::DEFAULT.with_cron("0 0 30 2 *", "UTC");
+        assert_eq!(never.next_run_ms(0), None);
+        let every = JobConfig::DEFAULT.with_every(Duration::from_secs(5));
+        assert_eq!(every.next_run_ms(123), Some(5_000));
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {

@@ -439,7 +439,8 @@ UPDATE jobs SET
     runtime_id = NULL,
     claimed_until = now() + $2 * interval '1 millisecond'
 WHERE id = $1 AND state = 'pending'
-RETURNING attempts, max_attempts, claimed_by, payload::text
+RETURNING attempts, max_attempts, claimed_by, payload::text,
+          (extract(epoch FROM now()) * 1000000)::bigint AS now_us
 "#;
 
 /// Makes every scheduled job of the kinds `$1` due now (`jobs::testing::drain_with`
@@ -590,15 +591,17 @@ pub(crate) const PERIODIC_KEY: &str = "every";
 
 /// Arms the periodic kind `$1` (payload `$2`, max_attempts `$3`) if it has no live job,
 /// and its newest failed row (a job whose last attempt's worker died) is at least one
-/// period (`$5` ms) old: a kind failing that way still runs at its own pace. The fixed
+/// period (`$5` ms) old: a kind failing that way still runs at its own pace. The job is
+/// due `$6` ms from now: at once for an `every` kind, at its next fire time for a cron
+/// kind (whose `$5` is 0: it never runs before that fire time anyway). The fixed
 /// key ([`PERIODIC_KEY`], which the derive also gives every job of a periodic kind)
 /// makes this safe from every replica at once: the unique index admits one.
 ///
 /// Index: `jobs_live_key` for the existence check and the arbiter; `jobs_failed (kind,
 /// id)`, read backwards for one entry, for the newest failed row.
 pub(crate) const ARM_PERIODIC: &str = r#"
-INSERT INTO jobs (kind, key, payload, max_attempts)
-SELECT $1, $4, $2::jsonb, $3
+INSERT INTO jobs (kind, key, payload, max_attempts, run_after)
+SELECT $1, $4, $2::jsonb, $3, now() + $6 * interval '1 millisecond'
 WHERE NOT EXISTS (
     SELECT 1 FROM jobs WHERE kind = $1 AND key = $4 AND state IN ('pending', 'running')
 )
@@ -645,6 +648,10 @@ SELECT EXISTS (
 )
 "#;
 
+/// The database's clock, in microseconds since the epoch: what a cron kind's first
+/// fire time is computed from when it is armed.
+pub(crate) const DB_NOW: &str = "SELECT (extract(epoch FROM now()) * 1000000)::bigint";
+
 /// The paused kinds (`jobs::admin::pause`), which the producer leaves out of its
 /// claims; read once per poll interval. Index: none needed, the table holds a row per
 /// paused kind.
@@ -689,6 +696,7 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("ARM_PERIODIC", ARM_PERIODIC),
         ("LIVE_PAYLOADS", LIVE_PAYLOADS),
         ("ANY_DUE", ANY_DUE),
+        ("DB_NOW", DB_NOW),
         ("HISTORY", crate::history::HISTORY),
         ("CHECKPOINT", CHECKPOINT),
         ("CLAIM_ID", CLAIM_ID),

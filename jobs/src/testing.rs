@@ -229,12 +229,12 @@ pub async fn perform<J: Job>(pool: &PgPool, job: &J) -> Result<(), JobError> {
             enqueued.id
         )));
     }
-    let claimed: Option<(i32, i32, Uuid, String)> = sqlx::query_as(crate::sql::CLAIM_ID)
+    let claimed: Option<(i32, i32, Uuid, String, i64)> = sqlx::query_as(crate::sql::CLAIM_ID)
         .bind(enqueued.id)
         .bind(crate::enqueue::millis(handler.config.lease_length()))
         .fetch_optional(pool)
         .await?;
-    let Some((attempts, max_attempts, token, payload)) = claimed else {
+    let Some((attempts, max_attempts, token, payload, now_us)) = claimed else {
         return Err(JobError::permanent(format!(
             "job {} was claimed by someone else first (a runtime runs over this database)",
             enqueued.id
@@ -247,6 +247,7 @@ pub async fn perform<J: Job>(pool: &PgPool, job: &J) -> Result<(), JobError> {
         token,
         payload,
         claimed_at: std::time::Instant::now(),
+        db_claimed_us: Some(now_us),
     };
     crate::runtime::executor::perform_inline(pool, handler, claimed).await
 }
@@ -325,7 +326,7 @@ pub async fn drain_with(pool: &PgPool, options: Drain) -> Result<Drained, Error>
     let kinds: Vec<&'static str> = handlers.keys().copied().collect();
     let scheduled: Vec<&'static str> = handlers
         .values()
-        .filter(|h| h.config.every.is_none())
+        .filter(|h| !h.config.is_periodic())
         .map(|h| h.kind)
         .collect();
     // The database's time, which the failures are compared with.

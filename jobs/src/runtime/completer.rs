@@ -17,7 +17,6 @@ use uuid::Uuid;
 
 use super::Flight;
 use crate::context::Inner;
-use crate::enqueue::millis;
 use crate::runtime::backoff::Backoff;
 use crate::sql;
 
@@ -38,7 +37,7 @@ impl Completion {
             id: job.id,
             token: job.token,
             keep: job.config.retain.is_some(),
-            every_ms: job.config.every.map(millis),
+            every_ms: job.next_run_ms(),
         }
     }
 }

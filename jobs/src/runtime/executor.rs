@@ -29,6 +29,9 @@ pub(crate) struct Claimed {
     pub token: Uuid,
     pub payload: String,
     pub claimed_at: Instant,
+    /// The database's clock at the claim, in microseconds since the epoch (for the next
+    /// fire time of a cron kind).
+    pub db_claimed_us: Option<i64>,
 }
 
 /// How one run of a handler ended.
@@ -91,6 +94,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
         completed: AtomicBool::new(false),
         finished: AtomicBool::new(false),
         cancelled: AtomicBool::new(false),
+        db_clock: job.db_claimed_us.map(|us| (us, job.claimed_at)),
         tx: transaction_mode.then(|| Mutex::new(TxSlot::Unopened)),
     });
     // The claim is renewed from here until its outcome is written (by this executor,
@@ -430,7 +434,7 @@ async fn write_outcome<'e, E: sqlx::PgExecutor<'e>>(
                 .bind(message)
                 .bind(permanent)
                 .bind(millis(job.config.backoff_after(job.attempt)))
-                .bind(job.config.every.map(millis))
+                .bind(job.next_run_ms())
                 .bind(kind.as_str())
                 .execute(executor)
                 .await?
@@ -485,6 +489,7 @@ pub(crate) async fn perform_inline(
         completed: AtomicBool::new(false),
         finished: AtomicBool::new(false),
         cancelled: AtomicBool::new(false),
+        db_clock: claimed.db_claimed_us.map(|us| (us, claimed.claimed_at)),
         tx: handler
             .config
             .is_transaction()

@@ -65,11 +65,11 @@ pub(super) async fn run(
         .handlers
         .values()
         .copied()
-        .filter(|h| h.config.every.is_some())
+        .filter(|h| h.config.is_periodic())
         .collect();
     let arm_every = periodic
         .iter()
-        .filter_map(|h| h.config.every)
+        .map(|h| h.config.every.unwrap_or(Duration::from_secs(60)))
         .min()
         .unwrap_or(Duration::MAX)
         .clamp(Duration::from_secs(1), Duration::from_secs(60));
@@ -462,6 +462,11 @@ fn start(
     }
     shared.take_slot(handler.kind);
     observe::claimed(handler.kind, waited.unwrap_or(0.0));
+    // The database's clock at the claim: the job's run-after plus how long it waited.
+    let db_claimed_us = match (run_after, waited) {
+        (Some(run_after), Some(waited)) => Some(((run_after + waited) * 1e6) as i64),
+        _ => None,
+    };
     let claimed = Claimed {
         id,
         attempt: u32::try_from(attempts).unwrap_or(0),
@@ -469,13 +474,36 @@ fn start(
         token,
         payload,
         claimed_at: Instant::now(),
+        db_claimed_us,
     };
     executors.spawn(executor::execute(shared.clone(), handler, claimed));
 }
 
 /// Makes sure each periodic kind has its one live job. Returns false on a database error.
 async fn arm_periodic(shared: &Shared, periodic: &[&'static HandlerInfo]) -> bool {
+    // Cron kinds are armed at their next fire time, computed from the database's clock.
+    let mut db_now_us = None;
+    if periodic.iter().any(|h| h.config.cron.is_some()) {
+        match sqlx::query_scalar::<_, i64>(sql::DB_NOW)
+            .fetch_one(&shared.db)
+            .await
+        {
+            Ok(now) => db_now_us = Some(now),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the database's clock to arm cron kinds");
+                return false;
+            }
+        }
+    }
     for info in periodic {
+        let (period_ms, due_ms) = match (info.config.every, db_now_us) {
+            (Some(every), _) => (millis(every), 0),
+            (None, Some(now)) => match info.config.next_run_ms(now) {
+                Some(due) => (0, due),
+                None => continue, // the schedule never fires again
+            },
+            (None, None) => continue,
+        };
         let payload = match (info.periodic_payload)() {
             Some(Ok(payload)) => payload,
             Some(Err(e)) => {
@@ -489,7 +517,8 @@ async fn arm_periodic(shared: &Shared, periodic: &[&'static HandlerInfo]) -> boo
             .bind(payload)
             .bind(i32::try_from(info.config.max_attempts).unwrap_or(i32::MAX))
             .bind(sql::PERIODIC_KEY)
-            .bind(info.config.every.map(millis))
+            .bind(period_ms)
+            .bind(due_ms)
             .execute(&shared.db)
             .await;
         match result {
