@@ -37,7 +37,8 @@ async fn coexists_with_application_migrations_in_either_order(pool: PgPool) {
             "app_users",
             "jobs",
             "jobs_paused",
-            "jobs_runtimes"
+            "jobs_runtimes",
+            "jobs_throughput"
         ]
     );
 }
@@ -54,7 +55,7 @@ async fn application_first_then_jobs(pool: PgPool) {
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8]);
 }
 
 #[sqlx::test(migrations = false)]

@@ -28,6 +28,7 @@ const RUNTIME_GRANTS: &str = "
     GRANT SELECT, INSERT, UPDATE, DELETE ON jobs TO {role};
     GRANT SELECT ON jobs_paused TO {role};
     GRANT SELECT, INSERT, UPDATE, DELETE ON jobs_runtimes TO {role};
+    GRANT SELECT, INSERT, UPDATE, DELETE ON jobs_throughput TO {role};
 ";
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
@@ -95,7 +96,7 @@ async fn runtime_runs_with_only_the_documented_grants(
 
     limited.close().await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "REVOKE ALL ON jobs FROM {role}; REVOKE ALL ON jobs_paused FROM {role}; REVOKE ALL ON jobs_runtimes FROM {role}; REVOKE ALL ON SCHEMA public FROM {role}; DROP ROLE {role}"
+        "REVOKE ALL ON jobs FROM {role}; REVOKE ALL ON jobs_paused FROM {role}; REVOKE ALL ON jobs_runtimes FROM {role}; REVOKE ALL ON jobs_throughput FROM {role}; REVOKE ALL ON SCHEMA public FROM {role}; DROP ROLE {role}"
     )))
     .execute(&admin)
     .await

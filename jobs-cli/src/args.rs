@@ -34,6 +34,19 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Runs per kind and minute: succeeded, failed, retried, cancelled, and run-time
+    /// percentiles (p50, p95, p99), oldest minute first.
+    History {
+        /// Only this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// How far back (the history keeps seven days).
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+        since: Duration,
+        /// One JSON object per kind and minute, and line.
+        #[arg(long)]
+        json: bool,
+    },
     /// List jobs, newest first, one page at a time.
     List {
         /// Only jobs in this state.
@@ -127,6 +140,8 @@ pub enum StateArg {
     Done,
     /// Out of attempts, kept for operators.
     Failed,
+    /// Cancelled by an operator or its handler, kept for operators.
+    Cancelled,
 }
 
 impl From<StateArg> for JobState {
@@ -136,6 +151,7 @@ impl From<StateArg> for JobState {
             StateArg::Running => JobState::Running,
             StateArg::Done => JobState::Done,
             StateArg::Failed => JobState::Failed,
+            StateArg::Cancelled => JobState::Cancelled,
         }
     }
 }

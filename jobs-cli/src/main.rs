@@ -179,6 +179,19 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
                 print(&output::stats_table(&stats));
             }
         }
+        Command::History { kind, since, json } => {
+            let rows = admin::history(&mut *conn, kind.as_deref(), since).await?;
+            if json {
+                print(&lines(rows.iter().map(output::minute_json)));
+            } else if rows.is_empty() {
+                print(&format!(
+                    "no runs recorded in the last {}\n",
+                    output::human(since)
+                ));
+            } else {
+                print(&output::history_table(&rows));
+            }
+        }
         Command::List {
             state,
             kind,

@@ -375,6 +375,73 @@ pub fn stats_json(k: &KindStats) -> Value {
     })
 }
 
+/// A run time for the history: tenths of a millisecond below 10 ms, then as
+/// [`human`].
+pub fn run_time(d: Duration) -> String {
+    if d < Duration::from_millis(10) {
+        format!("{:.1}ms", d.as_secs_f64() * 1000.0)
+    } else if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        human(d)
+    }
+}
+
+/// The throughput history as a table: a row per kind and minute.
+pub fn history_table(rows: &[jobs::admin::MinuteStats]) -> String {
+    use Align::{Left, Right};
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let p = |f: fn(&jobs::admin::Percentiles) -> Duration| {
+                r.run_time
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |p| run_time(f(p)))
+            };
+            vec![
+                r.minute.format("%Y-%m-%dT%H:%MZ").to_string(),
+                clean(&r.kind),
+                r.succeeded.to_string(),
+                r.failed.to_string(),
+                r.retried.to_string(),
+                r.cancelled.to_string(),
+                p(|p| p.p50),
+                p(|p| p.p95),
+                p(|p| p.p99),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            ("MINUTE", Left),
+            ("KIND", Left),
+            ("SUCCEEDED", Right),
+            ("FAILED", Right),
+            ("RETRIED", Right),
+            ("CANCELLED", Right),
+            ("P50", Right),
+            ("P95", Right),
+            ("P99", Right),
+        ],
+        &cells,
+    )
+}
+
+/// One kind's minute as a JSON object; run times in (fractional) seconds.
+pub fn minute_json(r: &jobs::admin::MinuteStats) -> Value {
+    json!({
+        "kind": r.kind,
+        "minute": time(&r.minute),
+        "succeeded": r.succeeded,
+        "failed": r.failed,
+        "retried": r.retried,
+        "cancelled": r.cancelled,
+        "p50_seconds": r.run_time.map(|p| p.p50.as_secs_f64()),
+        "p95_seconds": r.run_time.map(|p| p.p95.as_secs_f64()),
+        "p99_seconds": r.run_time.map(|p| p.p99.as_secs_f64()),
+    })
+}
+
 /// The runtimes as a table.
 pub fn runtimes_table(rows: &[jobs::admin::RuntimeRow]) -> String {
     use Align::{Left, Right};

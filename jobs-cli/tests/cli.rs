@@ -310,7 +310,7 @@ async fn migrate_creates_the_job_table(pool: PgPool) {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
         stdout(&out),
-        "applied migration 1 (create jobs), 2 (end unbounded claims), 3 (attempt history), 4 (paused kinds), 5 (runtimes), 6 (checkpoints), 7 (cancelled)\n"
+        "applied migration 1 (create jobs), 2 (end unbounded claims), 3 (attempt history), 4 (paused kinds), 5 (runtimes), 6 (checkpoints), 7 (cancelled), 8 (throughput)\n"
     );
     let out = jobs(&url, &["migrate"]).await;
     assert_eq!(
@@ -433,4 +433,35 @@ async fn show_prints_the_checkpoint(pool: PgPool) {
     let out = jobs(&url, &["show", &id.to_string(), "--json"]).await;
     let job: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(job["checkpoint"]["after"], "item-41\u{1b}");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn history_prints_runs_per_kind_and_minute(pool: PgPool) {
+    let url = url_of(&pool);
+    let out = jobs(&url, &["history"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "no runs recorded in the last 1h\n");
+    // What a runtime writes: a minute with 10 runs in bucket 24 (up to
+    // 100 µs * 2^(24/4) = 6.4 ms) and one in bucket 37 (up to about 61 ms).
+    sqlx::query(
+        "INSERT INTO jobs_throughput (kind, minute, succeeded, failed, retried, cancelled, run_time_buckets) \
+         VALUES ('mail.send', date_trunc('minute', now()), 10, 1, 2, 0, \
+                 array_fill(0::bigint, ARRAY[24]) || ARRAY[10::bigint] || array_fill(0::bigint, ARRAY[12]) || ARRAY[1::bigint])",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let out = jobs(&url, &["history", "--since", "10m"]).await;
+    let text = stdout(&out);
+    assert!(text.starts_with("MINUTE"), "{text}");
+    assert!(text.contains("mail.send"), "{text}");
+    assert!(
+        text.contains("6.4ms  60ms  60ms"),
+        "p50 at the 10 runs' bucket, p95 and p99 (the 11th of 11) at the slow one's: {text}"
+    );
+    let out = jobs(&url, &["history", "--kind", "mail.send", "--json"]).await;
+    let row: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(row["succeeded"], 10);
+    assert_eq!(row["retried"], 2);
+    assert!((row["p50_seconds"].as_f64().unwrap() - 0.0064).abs() < 1e-6);
 }

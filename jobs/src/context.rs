@@ -95,9 +95,15 @@ impl Inner {
         if self.config.every.is_some() {
             return self.config.next_run_ms(0);
         }
+        self.config.next_run_ms(self.db_now_us()?)
+    }
+
+    /// The database's clock now, in microseconds since the epoch, estimated from the
+    /// claim's time and this process's monotonic clock since.
+    pub(crate) fn db_now_us(&self) -> Option<i64> {
         let (at_claim, claimed) = self.db_clock?;
         let elapsed = i64::try_from(claimed.elapsed().as_micros()).unwrap_or(i64::MAX);
-        self.config.next_run_ms(at_claim.saturating_add(elapsed))
+        Some(at_claim.saturating_add(elapsed))
     }
 }
 

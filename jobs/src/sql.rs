@@ -648,6 +648,38 @@ SELECT EXISTS (
 )
 "#;
 
+/// Adds the runs a runtime counted to the throughput history: `$1..$6` kind, minute
+/// (seconds since the epoch, database clock), succeeded, failed, retried, cancelled;
+/// `$7` the run-time histograms, as JSON arrays. Rows are fed in `(kind, minute)`
+/// order, so two runtimes' upserts of the same minutes lock them in one order and
+/// never deadlock; the second waits for the first and adds to its row. Index: the
+/// primary key `(kind, minute)`, the arbiter.
+pub(crate) const THROUGHPUT_ADD: &str = r#"
+INSERT INTO jobs_throughput AS t
+    (kind, minute, succeeded, failed, retried, cancelled, run_time_buckets)
+SELECT u.kind, to_timestamp(u.minute), u.s, u.f, u.r, u.c,
+       ARRAY(SELECT x::bigint
+             FROM jsonb_array_elements_text(u.b::jsonb) WITH ORDINALITY AS e(x, i)
+             ORDER BY e.i)
+FROM unnest($1::text[], $2::float8[], $3::bigint[], $4::bigint[], $5::bigint[],
+            $6::bigint[], $7::text[]) WITH ORDINALITY AS u(kind, minute, s, f, r, c, b, ord)
+ORDER BY u.ord
+ON CONFLICT (kind, minute) DO UPDATE SET
+    succeeded = t.succeeded + EXCLUDED.succeeded,
+    failed = t.failed + EXCLUDED.failed,
+    retried = t.retried + EXCLUDED.retried,
+    cancelled = t.cancelled + EXCLUDED.cancelled,
+    run_time_buckets = ARRAY(
+        SELECT coalesce(z.a, 0) + coalesce(z.b, 0)
+        FROM unnest(t.run_time_buckets, EXCLUDED.run_time_buckets) WITH ORDINALITY AS z(a, b, i)
+        ORDER BY z.i)
+"#;
+
+/// Removes throughput history older than seven days. The table holds a row per kind
+/// and minute: no index is needed to read it whole.
+pub(crate) const THROUGHPUT_PRUNE: &str =
+    "DELETE FROM jobs_throughput WHERE minute < now() - interval '7 days'";
+
 /// The database's clock, in microseconds since the epoch: what a cron kind's first
 /// fire time is computed from when it is armed.
 pub(crate) const DB_NOW: &str = "SELECT (extract(epoch FROM now()) * 1000000)::bigint";
@@ -697,6 +729,8 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("LIVE_PAYLOADS", LIVE_PAYLOADS),
         ("ANY_DUE", ANY_DUE),
         ("DB_NOW", DB_NOW),
+        ("THROUGHPUT_ADD", THROUGHPUT_ADD),
+        ("THROUGHPUT_PRUNE", THROUGHPUT_PRUNE),
         ("HISTORY", crate::history::HISTORY),
         ("CHECKPOINT", CHECKPOINT),
         ("CLAIM_ID", CLAIM_ID),

@@ -124,6 +124,30 @@ const HOLD: Duration = Duration::from_millis(100);
 /// How soon a completion whose row was locked is tried again.
 const LOCKED_RETRY: Duration = Duration::from_millis(50);
 
+/// How often a busy completer adds the counted throughput to `jobs_throughput`.
+const THROUGHPUT_EVERY: Duration = Duration::from_secs(5);
+
+/// Adds the throughput counted so far to `jobs_throughput`, on the completer's
+/// connection; what cannot be written now is kept for the next time.
+async fn flush_throughput(
+    db: &PgPool,
+    conn: &mut Option<PoolConnection<Postgres>>,
+    throughput: &super::throughput::Throughput,
+    answer_within: Duration,
+) {
+    let write = async {
+        let c = match conn {
+            Some(c) => c,
+            None => conn.insert(db.acquire().await?),
+        };
+        throughput.flush(c).await
+    };
+    if let Err(e) = super::answer_within(answer_within, "the throughput history", write).await {
+        *conn = None;
+        tracing::debug!(error = %e, "cannot write the throughput history; keeping it for later");
+    }
+}
+
 /// Writes completions as they come, batching whatever has queued up while the previous
 /// batch was being written. A database error is retried with backoff: a completion is
 /// never dropped while the runtime lives (and if it is lost with the process, the job
@@ -139,6 +163,7 @@ pub(crate) async fn run(
     flights: Arc<Mutex<HashMap<Uuid, Flight>>>,
     wake: Arc<Notify>,
     answer_within: Duration,
+    throughput: Arc<super::throughput::Throughput>,
 ) {
     const MAX_BATCH: usize = 2_000;
     let mut batch = Vec::with_capacity(256);
@@ -148,6 +173,7 @@ pub(crate) async fn run(
     // on every acquire), given back to the pool after a quiet moment.
     let mut conn: Option<PoolConnection<Postgres>> = None;
     let mut closed = false;
+    let mut flushed = std::time::Instant::now();
     loop {
         let wait = if waiting.is_empty() {
             HOLD
@@ -159,6 +185,10 @@ pub(crate) async fn run(
                 Ok(0) => closed = true, // every sender is gone: the runtime has stopped
                 Ok(_) => {}
                 Err(_) if waiting.is_empty() => {
+                    // Quiet: write the throughput counted so far, then let go of the
+                    // connection until completions come again.
+                    flush_throughput(&db, &mut conn, &throughput, answer_within).await;
+                    flushed = std::time::Instant::now();
                     conn = None;
                     if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
                         closed = true;
@@ -170,6 +200,10 @@ pub(crate) async fn run(
             tokio::time::sleep(wait).await;
         }
         batch.append(&mut waiting);
+        if flushed.elapsed() >= THROUGHPUT_EVERY || (closed && batch.is_empty()) {
+            flush_throughput(&db, &mut conn, &throughput, answer_within).await;
+            flushed = std::time::Instant::now();
+        }
         if batch.is_empty() {
             if closed {
                 break;

@@ -123,6 +123,9 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
             let label = outcome.label(&job);
             tracing::Span::current().record("job.outcome", label);
             observe::finished(&shared.counts, handler.kind, label, None);
+            if let Some(now) = inner.db_now_us() {
+                shared.throughput.record(handler.kind, now, label, None);
+            }
             tracing::debug!(outcome = label, "claim ended before its handler started");
             finish(&shared, &inner, job.claimed_at, outcome).await;
             return;
@@ -148,7 +151,13 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     }
     let label = outcome.label(&job);
     tracing::Span::current().record("job.outcome", label);
-    observe::finished(&shared.counts, handler.kind, label, Some(started.elapsed()));
+    let took = started.elapsed();
+    observe::finished(&shared.counts, handler.kind, label, Some(took));
+    if let Some(now) = inner.db_now_us() {
+        shared
+            .throughput
+            .record(handler.kind, now, label, Some(took));
+    }
     match &outcome {
         Outcome::Succeeded => tracing::debug!("job succeeded"),
         Outcome::Retry(kind, e) | Outcome::Permanent(kind, e) => {

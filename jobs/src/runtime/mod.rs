@@ -14,6 +14,7 @@ mod observe;
 mod presence;
 mod producer;
 mod rescuer;
+pub(crate) mod throughput;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -260,6 +261,7 @@ impl Runtime {
                 (cap < self.concurrency).then(|| (h.kind, Arc::new(Semaphore::new(cap))))
             })
             .collect();
+        let throughput = Arc::new(throughput::Throughput::default());
         let shared = Arc::new(Shared {
             runtime_id: uuid::Uuid::new_v4(),
             pool: self.pool.clone(),
@@ -279,6 +281,7 @@ impl Runtime {
             completions,
             hard_stop: hard_rx,
             counts: observe::Counts::default(),
+            throughput: throughput.clone(),
         });
         let executors: producer::Executors = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
 
@@ -288,6 +291,7 @@ impl Runtime {
             flights,
             wake.clone(),
             self.statement_timeout,
+            throughput,
         ));
         #[allow(unused_mut)]
         let mut background = vec![
@@ -608,6 +612,8 @@ pub(crate) struct Shared {
     hard_stop: watch::Receiver<bool>,
     /// How the runs ended.
     counts: observe::Counts,
+    /// The same, per kind and minute, until the completer writes them.
+    throughput: Arc<throughput::Throughput>,
 }
 
 /// How many claims a runtime holds (running, or waiting for a slot), in all and per

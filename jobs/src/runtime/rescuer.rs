@@ -65,6 +65,12 @@ pub(super) async fn run(shared: Arc<Shared>, every: Duration) {
 /// loop. Replicas pruning at once take disjoint rows (`SKIP LOCKED`).
 pub(super) async fn prune(shared: Arc<Shared>, retain_failed: Option<Duration>) {
     loop {
+        if let Err(e) = sqlx::query(crate::sql::THROUGHPUT_PRUNE)
+            .execute(&shared.db)
+            .await
+        {
+            tracing::debug!(error = %e, "cannot prune the throughput history");
+        }
         let mut backlog = false;
         for info in shared.handlers.values() {
             if let Some(retain) = info.config.retain {
