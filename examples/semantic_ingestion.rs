@@ -9,7 +9,10 @@
 //! with the job's completion or not at all. A change that arrives while its set is being
 //! ingested marks the running job for exactly one more run. A replica that loses its
 //! claim mid-call (simulated here by expiring the claim in SQL) has its late result
-//! refused, and the set is ingested by the claim that took over.
+//! refused, and the set is ingested by the claim that took over. Before the remote
+//! round, each change is embedded once: the handler stores the last embedded revision
+//! as the job's checkpoint (`ctx.checkpoint`), and the claim that takes over resumes
+//! after it (`ctx.last_checkpoint`) instead of embedding everything again.
 //!
 //! ```sh
 //! cargo run --example semantic_ingestion
@@ -69,6 +72,39 @@ async fn ingest_set(job: IngestSet, ctx: JobContext) -> Result<(), JobError> {
     .bind(job.set_id)
     .fetch_one(pool)
     .await?;
+
+    // Embed each change of the snapshot once, resuming after the last revision an
+    // earlier attempt embedded (its checkpoint survives a lost claim), or after what an
+    // earlier run ingested.
+    let ingested: i64 =
+        sqlx::query_scalar("SELECT ingested_revision FROM si_sets WHERE set_id = $1")
+            .bind(job.set_id)
+            .fetch_one(pool)
+            .await?;
+    let embedded: i64 = ctx.last_checkpoint().await?.unwrap_or(0).max(ingested);
+    let changes: Vec<i64> = sqlx::query_scalar(
+        "SELECT revision FROM si_changes WHERE set_id = $1 AND revision > $2 AND revision <= $3 \
+         ORDER BY revision",
+    )
+    .bind(job.set_id)
+    .bind(embedded)
+    .bind(revision)
+    .fetch_all(pool)
+    .await?;
+    for change in changes {
+        sqlx::query(
+            "INSERT INTO si_embeddings AS e (set_id, revision, attempt, replica) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (set_id, revision) DO UPDATE SET times = e.times + 1",
+        )
+        .bind(job.set_id)
+        .bind(change)
+        .bind(i32::try_from(ctx.attempt()).unwrap_or(i32::MAX))
+        .bind(&replica)
+        .execute(pool)
+        .await?;
+        ctx.checkpoint(&change).await?;
+    }
+
     let call: i64 = sqlx::query_scalar(
         "INSERT INTO si_calls (set_id, attempt, token, replica, revision, lease_at_start) \
          VALUES ($1, $2, $3, $4, $5, (SELECT claimed_until FROM jobs WHERE id = $6 AND claimed_by = $3)) \
@@ -187,7 +223,17 @@ pub async fn setup(pool: &PgPool) -> Result<(), BoxError> {
              attempt int NOT NULL,
              PRIMARY KEY (set_id, attempt)
          );
-         TRUNCATE si_sets, si_changes, si_calls, si_gates;",
+         -- One row per change embedded: which attempt of which replica embedded it.
+         CREATE TABLE IF NOT EXISTS si_embeddings (
+             set_id   bigint NOT NULL,
+             revision bigint NOT NULL,
+             attempt  int NOT NULL,
+             replica  text NOT NULL,
+             -- How many times it was embedded: once, if every attempt resumed.
+             times    int NOT NULL DEFAULT 1,
+             PRIMARY KEY (set_id, revision)
+         );
+         TRUNCATE si_sets, si_changes, si_calls, si_gates, si_embeddings;",
     )
     .execute(pool)
     .await?;
@@ -241,6 +287,9 @@ pub struct Report {
     pub during_run: (usize, usize, usize),
     /// Every remote round, in order.
     pub calls: Vec<Call>,
+    /// Every change embedded: set, revision, the attempt that first embedded it, and
+    /// how many times it was embedded.
+    pub embeddings: Vec<(i64, i64, i32, i32)>,
 }
 
 /// Runs the whole scenario against `pool`'s database with two replicas.
@@ -353,10 +402,16 @@ pub async fn demo(pool: &PgPool) -> Result<Report, BoxError> {
     )
     .fetch_all(pool)
     .await?;
+    let embeddings: Vec<(i64, i64, i32, i32)> = sqlx::query_as(
+        "SELECT set_id, revision, attempt, times FROM si_embeddings ORDER BY set_id, revision",
+    )
+    .fetch_all(pool)
+    .await?;
     let report = Report {
         initial,
         during_run,
         calls,
+        embeddings,
     };
     println!("remote rounds (a re-run counts its attempts from 1 again):");
     for c in &report.calls {
@@ -371,6 +426,15 @@ pub async fn demo(pool: &PgPool) -> Result<Report, BoxError> {
             c.outcome.as_deref().unwrap_or("failed")
         );
     }
+    let resumed: Vec<i64> = report
+        .embeddings
+        .iter()
+        .filter(|(set, _, _, _)| *set == STALLED_SET)
+        .map(|(_, revision, _, _)| *revision)
+        .collect();
+    println!(
+        "   set {STALLED_SET}'s changes {resumed:?} were embedded once, by its first attempt: the takeover resumed after its checkpoint"
+    );
     let sets: Vec<(i64, i64, String, String)> = sqlx::query_as(
         "SELECT set_id, ingested_revision, ingested_by, summary FROM si_sets ORDER BY set_id",
     )

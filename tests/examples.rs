@@ -192,6 +192,26 @@ async fn semantic_ingestion_claims_sets_once_reruns_once_and_refuses_late_result
         stalled_by, takeover,
         "set 3's result is the takeover's, not the late one"
     );
+    // Each change was embedded once; the takeover of set 3 resumed after the lost
+    // claim's checkpoint and embedded nothing again.
+    let revisions: i64 = sqlx::query_scalar("SELECT count(*) FROM si_changes")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(report.embeddings.len() as i64, revisions);
+    assert!(
+        report.embeddings.iter().all(|e| e.3 == 1),
+        "a change embedded twice: {:?}",
+        report.embeddings
+    );
+    let stalled: Vec<i32> = report
+        .embeddings
+        .iter()
+        .filter(|(set, _, _, _)| *set == STALLED_SET)
+        .map(|(_, _, attempt, _)| *attempt)
+        .collect();
+    assert!(!stalled.is_empty());
+    assert!(stalled.iter().all(|a| *a == 1), "{stalled:?}");
     assert_eq!(jobs_of(&pool, &semantic_ingestion::KINDS).await, []);
 }
 
