@@ -244,7 +244,7 @@ pub(crate) async fn run(
                         if !written.done.contains(&c.id) {
                             tracing::warn!(
                                 job.id = c.id,
-                                "completion refused: the claim had expired and was taken over; the job will run again"
+                                "completion refused: the claim is gone (it expired and was taken over, and the job will run again; or an operator cancelled the job)"
                             );
                         }
                     }

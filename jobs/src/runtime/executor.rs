@@ -397,7 +397,9 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
         match result {
             Ok(true) => break,
             Ok(false) => {
-                tracing::warn!("outcome refused: the claim had already expired");
+                tracing::warn!(
+                    "outcome refused: the claim is gone (it expired, or an operator cancelled the job)"
+                );
                 break;
             }
             Err(e) => {
