@@ -231,3 +231,79 @@ async fn cancelled_rows_are_pruned_with_the_failed_ones(pool: PgPool) {
     rt.stop().await;
     assert_eq!(state(&pool, recent).await, JobState::Cancelled);
 }
+
+/// Writes its result in a fenced transaction, held open until the test lets it go.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "cx.fenced", retain = "1h")]
+struct FencedWrite {}
+
+#[jobs::handler]
+async fn fenced_write(_job: FencedWrite, ctx: JobContext) -> Result<(), JobError> {
+    let mut tx = ctx.fenced_tx().await?;
+    sqlx::query("INSERT INTO results VALUES ($1)")
+        .bind(ctx.id())
+        .execute(&mut *tx)
+        .await?;
+    wait_until("the gate opened", || async {
+        sqlx::query_scalar::<_, bool>("SELECT open FROM gate")
+            .fetch_one(ctx.pool())
+            .await
+            .unwrap()
+    })
+    .await;
+    tx.commit().await
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_cancel_that_meets_a_fenced_commit_waits_and_finds_the_job_done(pool: PgPool) {
+    sqlx::raw_sql(
+        "CREATE TABLE results (job_id bigint); CREATE TABLE gate (open bool); INSERT INTO gate VALUES (false)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let id = FencedWrite {}.enqueue(&pool).await.unwrap().id;
+    let rt = Running::start(runtime(&pool, &["cx.fenced"]));
+    // The fenced transaction holds the job's row.
+    wait_until("the result written, uncommitted", || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+             WHERE l.locktype = 'transactionid' AND a.query LIKE 'INSERT INTO results%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+    let cancel = tokio::spawn({
+        let pool = pool.clone();
+        async move { jobs::admin::cancel(&pool, id).await }
+    });
+    wait_until("the cancel waits for the row", || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+    sqlx::query("UPDATE gate SET open = true")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let cancelled = cancel.await.unwrap();
+    assert!(
+        matches!(cancelled, Err(jobs::Error::NotFound(_))),
+        "{cancelled:?}"
+    );
+    rt.stop().await;
+    assert_eq!(state(&pool, id).await, JobState::Done);
+    let results: i64 = sqlx::query_scalar("SELECT count(*) FROM results")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(results, 1, "the result committed once, with the completion");
+}

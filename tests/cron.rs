@@ -121,3 +121,45 @@ async fn missed_fire_times_run_once(pool: PgPool) {
     }
     assert_eq!(live(&pool).await, 1);
 }
+
+/// Fails for good every time.
+#[derive(Job, Serialize, Deserialize, Default)]
+#[job(kind = "cron.broken", cron = "*/2 * * * * *", timezone = "UTC")]
+struct Broken {}
+
+#[jobs::handler]
+async fn broken(_job: Broken, ctx: JobContext) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO ticks (job_id, at) VALUES ($1, clock_timestamp())")
+        .bind(ctx.id())
+        .execute(ctx.pool())
+        .await?;
+    Err(JobError::permanent("the report source is gone"))
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_failing_cron_kind_waits_for_its_next_fire_instead_of_parking(pool: PgPool) {
+    setup(&pool).await;
+    let rt = Running::start(runtime(&pool, &["cron.broken"]));
+    wait_until("two runs", || async { ticks(&pool).await.len() >= 2 }).await;
+    rt.stop().await;
+    let runs = ticks(&pool).await;
+    // Each failure waited for the next fire time: runs are a fire time apart, at even
+    // seconds, and the job is pending again, never parked as failed.
+    assert!(runs[1] - runs[0] >= 1.0, "{runs:?}");
+    assert!((runs[1] / 2.0).fract() < 0.75, "{runs:?}");
+    let states: Vec<String> =
+        sqlx::query_scalar("SELECT state FROM jobs WHERE kind = 'cron.broken'")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(states, ["pending"]);
+    let error: Option<String> =
+        sqlx::query_scalar("SELECT last_error FROM jobs WHERE kind = 'cron.broken'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        error.as_deref(),
+        Some("permanent: the report source is gone")
+    );
+}
