@@ -213,6 +213,7 @@ pub fn job_json(job: &JobRow) -> Value {
             "runtime": e.runtime,
         })).collect::<Vec<_>>(),
         "checkpoint": job.checkpoint,
+        "priority": job.priority,
     })
 }
 
@@ -228,6 +229,7 @@ pub fn job_detail(job: &JobRow) -> String {
         ),
         ("state", job.state.to_string()),
         ("attempts", format!("{}/{}", job.attempts, job.max_attempts)),
+        ("priority", job.priority.to_string()),
         ("run after", time(&job.run_after)),
         ("created at", time(&job.created_at)),
         ("finished at", time_opt(job.finished_at.as_ref())),

@@ -42,6 +42,8 @@ pub(crate) struct JobAttr {
     pub cron: Option<LitStr>,
     /// The time zone of the cron expression, checked.
     pub timezone: Option<LitStr>,
+    /// The kind's default priority, 0 to 9.
+    pub priority: Option<i16>,
 }
 
 const KIND: &str = "kind";
@@ -57,6 +59,7 @@ const RETAIN: &str = "retain";
 const EVERY: &str = "every";
 const CRON: &str = "cron";
 const TIMEZONE: &str = "timezone";
+const PRIORITY: &str = "priority";
 
 /// Each key with an example of its value, shown when the value is wrong or missing.
 const EXAMPLES: &[(&str, &str)] = &[
@@ -76,6 +79,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     (EVERY, "every = \"10m\""),
     (CRON, "cron = \"0 3 * * *\""),
     (TIMEZONE, "timezone = \"Europe/Paris\""),
+    (PRIORITY, "priority = 2"),
 ];
 
 /// Durations that make no sense at zero: a lease that is over at once, a handler
@@ -96,6 +100,7 @@ const KEYS: &[&str] = &[
     EVERY,
     CRON,
     TIMEZONE,
+    PRIORITY,
 ];
 
 /// Collects errors so that one compile shows every mistake.
@@ -253,6 +258,21 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
                         )),
                     },
                     Err(e) => errors.push(e),
+                },
+                // #[job(priority = 2)]
+                PRIORITY => match &value {
+                    Expr::Lit(ExprLit {
+                        lit: Lit::Int(n), ..
+                    }) if n.base10_parse::<i16>().is_ok_and(|p| (0..=9).contains(&p)) => {
+                        out.priority = n.base10_parse::<i16>().ok();
+                    }
+                    other => errors.push(syn::Error::new_spanned(
+                        other,
+                        format!(
+                            "expected a priority from 0 (claimed first) to 9: {}",
+                            example(PRIORITY)
+                        ),
+                    )),
                 },
                 _ => unreachable!("every key in KEYS has an arm"),
             }

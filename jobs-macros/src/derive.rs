@@ -191,6 +191,9 @@ fn expand_impl(
         let d = millis(d.value);
         config = quote!(#config.with_every(#d));
     }
+    if let Some(p) = attr.priority {
+        config = quote!(#config.with_priority(#p));
+    }
     if let Some(cron) = &attr.cron {
         let zone = attr
             .timezone

@@ -56,7 +56,7 @@ macro_rules! job_columns {
             "id, kind, key, state, attempts, max_attempts, run_after, last_error, payload, \
          created_at, finished_at, nullif(claimed_until, 'infinity') AS claimed_until, \
          coalesce(claimed_until = 'infinity', false) AS claim_unbounded, runtime_id, \
-         checkpoint, ",
+         checkpoint, priority, ",
             crate::history::history_columns!()
         )
     };
@@ -410,6 +410,8 @@ pub struct JobRow {
     /// The last checkpoint a handler stored (see
     /// [`JobContext::checkpoint`](crate::JobContext::checkpoint)), if any.
     pub checkpoint: Option<serde_json::Value>,
+    /// Its priority: 0 is claimed first, among the due jobs of its kind.
+    pub priority: i16,
 }
 
 impl JobRow {
@@ -437,6 +439,7 @@ impl JobRow {
             runtime: row.try_get("runtime_id")?,
             errors: crate::history::from_row(row)?,
             checkpoint: row.try_get("checkpoint")?,
+            priority: row.try_get("priority")?,
         })
     }
 }

@@ -65,6 +65,7 @@ impl Enqueued {
 pub struct EnqueueOptions {
     when: When,
     max_attempts: Option<u32>,
+    priority: Option<i16>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -104,6 +105,15 @@ impl EnqueueOptions {
         self.max_attempts = Some(max_attempts);
         self
     }
+
+    /// The job's priority instead of the kind's (`#[job(priority = N)]`, 0 by
+    /// default): among the due jobs of its kind, a lower number is claimed first, then
+    /// the earlier run-after. 0 to [`MAX_PRIORITY`](crate::MAX_PRIORITY); anything else
+    /// is refused when the job is enqueued.
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = Some(priority);
+        self
+    }
 }
 
 /// One job ready to be written: kind, key, payload text and settings.
@@ -116,6 +126,7 @@ pub(crate) struct NewJob {
     pub delay_ms: i64,
     /// An absolute run-after, instead of the delay.
     pub at: Option<DateTime<Utc>>,
+    pub priority: i16,
 }
 
 /// The latest instant a job may be scheduled at, in seconds since 1970: the end of
@@ -149,6 +160,14 @@ impl NewJob {
                 J::KIND
             )));
         }
+        let priority = options.priority.unwrap_or(J::CONFIG.priority);
+        if !(0..=crate::MAX_PRIORITY).contains(&priority) {
+            return Err(Error::InvalidInput(format!(
+                "the priority of a job of kind `{}` is {priority}: priorities go from 0 (first) to {}",
+                J::KIND,
+                crate::MAX_PRIORITY
+            )));
+        }
         let max_attempts = options.max_attempts.unwrap_or(J::CONFIG.max_attempts);
         if max_attempts == 0 {
             return Err(Error::InvalidInput(format!(
@@ -173,6 +192,7 @@ impl NewJob {
             payload,
             max_attempts: i32::try_from(max_attempts).unwrap_or(i32::MAX),
             delay_ms: millis(delay),
+            priority,
             at: at.map(|at| {
                 if at.timestamp() < 0 {
                     DateTime::from_timestamp(0, 0).unwrap_or(at)
@@ -261,6 +281,7 @@ pub(crate) async fn insert_one<'e, E: sqlx::PgExecutor<'e>>(
         .bind(job.delay_ms)
         .bind(notify_now(job.kind))
         .bind(job.at)
+        .bind(job.priority)
         .fetch_one(executor)
         .await?;
     Ok(Enqueued {
@@ -421,6 +442,7 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
     let mut max_attempts = Vec::with_capacity(n);
     let mut delays = Vec::with_capacity(n);
     let mut ats = Vec::with_capacity(n);
+    let mut priorities = Vec::with_capacity(n);
     for row in &rows {
         kinds.push(row.kind);
         keys.push(row.key.as_deref());
@@ -428,6 +450,7 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
         max_attempts.push(row.max_attempts);
         delays.push(row.delay_ms);
         ats.push(row.at);
+        priorities.push(row.priority);
     }
     let mut notify: Vec<&'static str> = kinds.clone();
     notify.sort_unstable();
@@ -442,6 +465,7 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
             .bind(&delays)
             .bind(&notify)
             .bind(&ats)
+            .bind(&priorities)
             .fetch_all(executor)
             .await?;
 

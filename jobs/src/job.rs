@@ -149,6 +149,9 @@ pub struct JobConfig {
     /// Cron schedule of a scheduled kind (`cron = "0 3 * * *"`, `timezone = "..."`):
     /// one live job across all replicas, run at each fire time.
     pub cron: Option<CronSchedule>,
+    /// The kind's default priority (`priority = 2`), 0 to 9: among the due jobs of the
+    /// kind, a lower number is claimed first.
+    pub priority: i16,
 }
 
 /// When a cron kind runs: a cron expression read in an IANA time zone.
@@ -199,6 +202,7 @@ impl JobConfig {
         retain: None,
         every: None,
         cron: None,
+        priority: 0,
     };
 
     /// Sets `max_attempts` (at least 1).
@@ -252,6 +256,19 @@ impl JobConfig {
             expression,
             timezone,
         });
+        self
+    }
+
+    /// Sets the kind's default priority (0 to 9; out of range is clamped, the derive
+    /// refuses it).
+    pub const fn with_priority(mut self, priority: i16) -> Self {
+        self.priority = if priority < 0 {
+            0
+        } else if priority > crate::MAX_PRIORITY {
+            crate::MAX_PRIORITY
+        } else {
+            priority
+        };
         self
     }
 

@@ -337,7 +337,10 @@ pub use context::{FencedTx, JobContext, JobError, TxGuard};
 pub use enqueue::{EnqueueBatch, EnqueueOptions, EnqueueOutcome, Enqueued, enqueue_all};
 pub use error::Error;
 pub use history::{AttemptError, FailureKind};
-pub use job::{Job, JobConfig, KeyPart, Lease};
+pub use job::{CronSchedule, Job, JobConfig, KeyPart, Lease};
+
+/// The least urgent priority: priorities go from 0 (claimed first) to this.
+pub const MAX_PRIORITY: i16 = 9;
 /// Derives [`Job`](trait@Job) for a struct or enum, from its `#[job(...)]` attribute,
 /// and registers its kind.
 ///

@@ -15,7 +15,8 @@
 /// `$1` kind, `$2` key, `$3` payload (JSON text), `$4` max_attempts, `$5` delay in ms,
 /// `$6` whether to notify, `$7` an absolute run-after instead of the delay (or NULL):
 /// one already past counts as now, so no row is made pending behind the claims' floor
-/// ([`CLAIM_FLOOR_LAG`]).
+/// ([`CLAIM_FLOOR_LAG`]); `$8` the priority. A trigger coalesced into the live job of
+/// its key gives it the more urgent (lower) of the two priorities.
 /// Index: `jobs_live_key` is the arbiter of `ON CONFLICT` (the predicate is repeated so
 /// PostgreSQL can infer the partial index). Concurrent enqueues of one key serialize on
 /// that index entry: the second waits for the first to commit and then updates its row,
@@ -31,8 +32,8 @@
 /// serialized on it.
 pub(crate) const ENQUEUE_ONE: &str = r#"
 WITH ins AS (
-    INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
-    VALUES ($1, $2, $3::jsonb, $4,
+    INSERT INTO jobs AS j (kind, key, payload, max_attempts, priority, run_after)
+    VALUES ($1, $2, $3::jsonb, $4, $8,
             CASE WHEN $7::timestamptz IS NULL
                  THEN statement_timestamp() + $5 * interval '1 millisecond'
                  ELSE greatest($7, statement_timestamp()) END)
@@ -40,6 +41,7 @@ WITH ins AS (
         payload = EXCLUDED.payload,
         max_attempts = EXCLUDED.max_attempts,
         attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
+        priority = least(j.priority, EXCLUDED.priority),
         checkpoint = CASE WHEN j.state = 'pending' THEN NULL ELSE j.checkpoint END,
         run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
@@ -57,8 +59,8 @@ CROSS JOIN LATERAL (
 /// (one statement may not update one row twice).
 ///
 /// `$1..$5` are arrays of kind, key, payload, max_attempts, delay_ms; `$6` the kinds to
-/// notify (see [`ENQUEUE_ONE`]); `$7` the absolute run-afters (NULL for a delay), as
-/// there. Rows are fed in
+/// notify (see [`ENQUEUE_ONE`]); `$7` the absolute run-afters (NULL for a delay) and
+/// `$8` the priorities, as there. Rows are fed in
 /// array order, and the caller sorts keyed rows by `(kind, key)`: every batch then
 /// takes its row locks (and waits for another inserter of the same key) in one global
 /// order, so two batches of overlapping keys never deadlock. The ids of inserted rows
@@ -67,18 +69,20 @@ CROSS JOIN LATERAL (
 /// that has a pending job, as [`ENQUEUE_ONE`].
 pub(crate) const ENQUEUE_MANY: &str = r#"
 WITH ins AS (
-    INSERT INTO jobs AS j (kind, key, payload, max_attempts, run_after)
-    SELECT u.kind, u.key, u.payload::jsonb, u.max_attempts,
+    INSERT INTO jobs AS j (kind, key, payload, max_attempts, priority, run_after)
+    SELECT u.kind, u.key, u.payload::jsonb, u.max_attempts, u.priority,
            CASE WHEN u.at IS NULL
                 THEN statement_timestamp() + u.delay_ms * interval '1 millisecond'
                 ELSE greatest(u.at, statement_timestamp()) END
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $7::timestamptz[])
-         WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, at, ord)
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $7::timestamptz[],
+                $8::smallint[])
+         WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, at, priority, ord)
     ORDER BY u.ord
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
         max_attempts = EXCLUDED.max_attempts,
         attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
+        priority = least(j.priority, EXCLUDED.priority),
         checkpoint = CASE WHEN j.state = 'pending' THEN NULL ELSE j.checkpoint END,
         run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
@@ -93,27 +97,35 @@ FROM ins CROSS JOIN notify
 "#;
 
 /// The text of [`CLAIM`] and [`CLAIM_FROM`]: `$floor` is empty for the first and, for
-/// the second, the condition that starts each kind's scan at its floor.
+/// the second, the condition that starts each (kind, priority) scan at its floor,
+/// `$5[(kind's position - 1) * 10 + priority + 1]` (none, NULL, is the start).
 macro_rules! claim {
     ($floor:literal) => {
         concat!(
             r#"
 WITH wanted AS (
-    SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $5::float8[]) AS w(kind, n, lease_ms, floor_s)
+    SELECT w.*, $5::float8[] AS floors
+    FROM unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, n, lease_ms, ord)
 ),
 picked AS MATERIALIZED (
     SELECT c.id
     FROM wanted w
     CROSS JOIN LATERAL (
         SELECT * FROM (
-            SELECT id
-            FROM jobs
-            WHERE state = 'pending' AND kind = w.kind AND run_after <= now()"#,
+            SELECT j.id
+            FROM generate_series(0, 9) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT id
+                FROM jobs
+                WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
+                  AND run_after <= now()"#,
             $floor,
             r#"
-            ORDER BY run_after, id
+                ORDER BY run_after, id
+                LIMIT w.n
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) j
             LIMIT w.n
-            FOR NO KEY UPDATE SKIP LOCKED
         ) one_kind
         LIMIT 1000
     ) c
@@ -129,7 +141,8 @@ UPDATE jobs j SET
 WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
           extract(epoch FROM now() - j.run_after)::float8 AS waited,
-          extract(epoch FROM j.run_after)::float8 AS run_after
+          extract(epoch FROM j.run_after)::float8 AS run_after,
+          j.priority
 "#
         )
     };
@@ -141,19 +154,26 @@ macro_rules! claim_split {
         concat!(
             r#"
 WITH wanted AS (
-    SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $5::float8[]) AS w(kind, n, lease_ms, floor_s)
+    SELECT w.*, $5::float8[] AS floors
+    FROM unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, n, lease_ms, ord)
 ),
 top AS MATERIALIZED (
     SELECT c.kind
     FROM wanted w
     CROSS JOIN LATERAL (
         SELECT * FROM (
-            SELECT kind, run_after, id
-            FROM jobs
-            WHERE state = 'pending' AND kind = w.kind AND run_after <= now()"#,
+            SELECT j.kind, j.run_after, j.id
+            FROM generate_series(0, 9) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT kind, run_after, id
+                FROM jobs
+                WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
+                  AND run_after <= now()"#,
             $floor,
             r#"
-            ORDER BY run_after, id
+                ORDER BY run_after, id
+                LIMIT w.n
+            ) j
             LIMIT w.n
         ) one_kind
         LIMIT 1000
@@ -162,23 +182,29 @@ top AS MATERIALIZED (
     LIMIT $4
 ),
 share AS (
-    SELECT w.kind, w.lease_ms, w.floor_s, count(t.kind) AS n
+    SELECT w.kind, w.lease_ms, w.ord, count(t.kind) AS n
     FROM wanted w LEFT JOIN top t ON t.kind = w.kind
-    GROUP BY w.kind, w.lease_ms, w.floor_s
+    GROUP BY w.kind, w.lease_ms, w.ord
 ),
 picked AS MATERIALIZED (
     SELECT c.id
     FROM share s
     CROSS JOIN LATERAL (
         SELECT * FROM (
-            SELECT id
-            FROM jobs
-            WHERE state = 'pending' AND kind = s.kind AND run_after <= now()"#,
+            SELECT j.id
+            FROM generate_series(0, 9) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT id
+                FROM jobs
+                WHERE state = 'pending' AND kind = s.kind AND priority = p.priority::smallint
+                  AND run_after <= now()"#,
             $share_floor,
             r#"
-            ORDER BY run_after, id
+                ORDER BY run_after, id
+                LIMIT s.n
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) j
             LIMIT s.n
-            FOR NO KEY UPDATE SKIP LOCKED
         ) one_kind
         LIMIT 1000
     ) c
@@ -193,7 +219,8 @@ UPDATE jobs j SET
 WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
           extract(epoch FROM now() - j.run_after)::float8 AS waited,
-          extract(epoch FROM j.run_after)::float8 AS run_after
+          extract(epoch FROM j.run_after)::float8 AS run_after,
+          j.priority
 "#
         )
     };
@@ -205,8 +232,15 @@ RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::tex
 /// kind's scan then locks only rows the claim takes. [`CLAIM_SPLIT`] is the claim for
 /// the other case.
 ///
-/// Index: `jobs_claim (kind, run_after, id) WHERE state = 'pending'`, one range scan per
-/// kind (the lateral join), so a backlog of other kinds or of future jobs is never read.
+/// Each kind's jobs are taken by priority (0 first, to 9), then `run_after, id`: for
+/// each kind, one range scan per priority, in priority order, until the kind's limit is
+/// filled (the outer `LIMIT w.n` stops pulling, so the scans of later priorities never
+/// run, and lock nothing, once it is). A backlog at the default priority costs one scan;
+/// an idle claim probes the ten priorities, each an empty range.
+///
+/// Index: `jobs_claim (kind, priority, run_after, id) WHERE state = 'pending'`, a range
+/// scan per (kind, priority) bounded by `now()`, so a backlog of other kinds or of
+/// future jobs is never read.
 /// The locking select runs once, in a materialized CTE (a `WHERE id IN (subquery)` may
 /// be re-evaluated and claim more than asked); `SKIP LOCKED` lets concurrent claimers
 /// take disjoint rows, each kind's scan reading on down its range past rows other
@@ -238,7 +272,7 @@ pub(crate) const CLAIM: &str = claim!("");
 /// 1,000 jobs/s from 0.2 ms to 8 ms within a minute (BENCHMARKS.md, `horizon`).
 ///
 /// So a runtime starts each claim at a floor: the latest run-after it has claimed of
-/// the kind, less this lag. Every statement that makes a row pending sets a run-after
+/// the kind at that priority, less this lag. Every statement that makes a row pending sets a run-after
 /// no earlier than its own time (FAIL, RELEASE, RESCUE, COMPLETE_KEEP and enqueue), so
 /// rows behind the floor are claimed rows, except a few: a row whose transaction
 /// committed more than the lag after its statement, one that was locked (by a claimer
@@ -249,10 +283,15 @@ pub(crate) const CLAIM: &str = claim!("");
 /// at least every 30 s).
 pub(crate) const CLAIM_FLOOR_LAG: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// [`CLAIM`], each kind's scan starting at its floor `$5[i]` (seconds since the epoch)
-/// rather than at the start of its range: see [`CLAIM_FLOOR_LAG`]. Index: as [`CLAIM`],
-/// the range starting at `(kind, floor)`.
-pub(crate) const CLAIM_FROM: &str = claim!(" AND run_after >= to_timestamp(w.floor_s)");
+/// [`CLAIM`], each (kind, priority) scan starting at its floor (seconds since the
+/// epoch; `$5` holds ten per kind, by priority, in the order of `$1`; a missing or NULL
+/// one is the start of the range) rather than at the start of its range: see
+/// [`CLAIM_FLOOR_LAG`]. Index: as [`CLAIM`], the range starting at
+/// `(kind, priority, floor)`.
+pub(crate) const CLAIM_FROM: &str = claim!(
+    "
+                  AND run_after >= coalesce(to_timestamp(w.floors[(w.ord - 1) * 10 + p.priority + 1]), '-infinity')"
+);
 
 /// [`CLAIM`] for kinds whose limits add up to more than `$4`: locking each kind's first
 /// `$2[i]` rows and cutting the lot to `$4` afterwards would lock rows the claim then
@@ -267,22 +306,26 @@ pub(crate) const CLAIM_SPLIT: &str = claim_split!("", "");
 
 /// [`CLAIM_SPLIT`] from each kind's floor, as [`CLAIM_FROM`].
 pub(crate) const CLAIM_SPLIT_FROM: &str = claim_split!(
-    " AND run_after >= to_timestamp(w.floor_s)",
-    " AND run_after >= to_timestamp(s.floor_s)"
+    "
+                  AND run_after >= coalesce(to_timestamp(w.floors[(w.ord - 1) * 10 + p.priority + 1]), '-infinity')",
+    "
+                  AND run_after >= coalesce(to_timestamp($5[(s.ord - 1) * 10 + p.priority + 1]), '-infinity')"
 );
 
 /// How long until the next job of the kinds `$1` becomes due (seconds, on the database
 /// clock; NULL when none is scheduled): an idle runtime sleeps until then, so a retry, a
 /// snooze or a scheduled job starts on time rather than at the next poll.
 ///
-/// Index: `jobs_claim (kind, run_after, id) WHERE state = 'pending'`, one probe per kind
-/// at the first entry past `now()`.
+/// Index: `jobs_claim (kind, priority, run_after, id) WHERE state = 'pending'`, one
+/// probe per kind and priority at the first entry past `now()`.
 pub(crate) const NEXT_DUE: &str = r#"
 SELECT extract(epoch FROM min(n.run_after) - now())::float8
 FROM unnest($1::text[]) AS k(kind)
+CROSS JOIN generate_series(0, 9) AS p(priority)
 CROSS JOIN LATERAL (
     SELECT run_after FROM jobs
-    WHERE state = 'pending' AND kind = k.kind AND run_after > now()
+    WHERE state = 'pending' AND kind = k.kind AND priority = p.priority::smallint
+      AND run_after > now()
     ORDER BY run_after
     LIMIT 1
 ) n
@@ -593,15 +636,16 @@ pub(crate) const PERIODIC_KEY: &str = "every";
 /// and its newest failed row (a job whose last attempt's worker died) is at least one
 /// period (`$5` ms) old: a kind failing that way still runs at its own pace. The job is
 /// due `$6` ms from now: at once for an `every` kind, at its next fire time for a cron
-/// kind (whose `$5` is 0: it never runs before that fire time anyway). The fixed
+/// kind (whose `$5` is 0: it never runs before that fire time anyway), at the kind's
+/// priority `$7`. The fixed
 /// key ([`PERIODIC_KEY`], which the derive also gives every job of a periodic kind)
 /// makes this safe from every replica at once: the unique index admits one.
 ///
 /// Index: `jobs_live_key` for the existence check and the arbiter; `jobs_failed (kind,
 /// id)`, read backwards for one entry, for the newest failed row.
 pub(crate) const ARM_PERIODIC: &str = r#"
-INSERT INTO jobs (kind, key, payload, max_attempts, run_after)
-SELECT $1, $4, $2::jsonb, $3, now() + $6 * interval '1 millisecond'
+INSERT INTO jobs (kind, key, payload, max_attempts, run_after, priority)
+SELECT $1, $4, $2::jsonb, $3, now() + $6 * interval '1 millisecond', $7
 WHERE NOT EXISTS (
     SELECT 1 FROM jobs WHERE kind = $1 AND key = $4 AND state IN ('pending', 'running')
 )
@@ -614,17 +658,28 @@ ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NUL
 /// For the kinds `$1`: how many jobs are claimable now (counted up to 100,000, so the
 /// count stays cheap under a large backlog) and the age of the oldest claimable one.
 ///
-/// Index: `jobs_claim (kind, run_after, id) WHERE state = 'pending'`: a bounded range
-/// per kind for the count, its first entry for the age.
+/// Index: `jobs_claim (kind, priority, run_after, id) WHERE state = 'pending'`: bounded
+/// ranges per kind and priority for the count, their first entries for the age.
 #[cfg(feature = "metrics")]
 pub(crate) const LAG_DEPTH: &str = r#"
 SELECT w.kind,
        (SELECT count(*) FROM (
-            SELECT 1 FROM jobs
-            WHERE state = 'pending' AND kind = w.kind AND run_after <= now()
+            SELECT 1
+            FROM generate_series(0, 9) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT 1 FROM jobs
+                WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
+                  AND run_after <= now()
+                LIMIT 100000) d
             LIMIT 100000) c) AS depth,
-       (SELECT extract(epoch FROM now() - min(run_after))::float8 FROM jobs
-        WHERE state = 'pending' AND kind = w.kind AND run_after <= now()) AS lag
+       (SELECT extract(epoch FROM now() - min(o.run_after))::float8
+        FROM generate_series(0, 9) AS p(priority)
+        CROSS JOIN LATERAL (
+            SELECT run_after FROM jobs
+            WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
+              AND run_after <= now()
+            ORDER BY run_after
+            LIMIT 1) o) AS lag
 FROM unnest($1::text[]) AS w(kind)
 "#;
 

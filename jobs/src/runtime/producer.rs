@@ -46,6 +46,7 @@ type ClaimRow = (
     String,
     Option<f64>,
     Option<f64>,
+    i16,
 );
 
 /// The running executors. Owned by the runtime, not by the producer: if the producer
@@ -245,8 +246,9 @@ impl Paused {
 /// full claim, from the start of the kinds' ranges, ran.
 #[derive(Default)]
 struct Floors {
-    /// The latest run-after claimed per kind, in seconds since the epoch (database clock).
-    latest: HashMap<&'static str, f64>,
+    /// The latest run-after claimed per kind and priority, in seconds since the epoch
+    /// (database clock).
+    latest: HashMap<(&'static str, i16), f64>,
     last_full: Option<Instant>,
     full_took: Duration,
 }
@@ -261,9 +263,14 @@ impl Floors {
         })
     }
 
-    fn floor(&self, kind: &str) -> f64 {
-        self.latest.get(kind).map_or(f64::NEG_INFINITY, |latest| {
-            latest - sql::CLAIM_FLOOR_LAG.as_secs_f64()
+    /// The floors of `kind`'s ten priorities, in priority order.
+    fn floors(&self, kind: &'static str) -> impl Iterator<Item = f64> + '_ {
+        (0..=crate::MAX_PRIORITY).map(move |priority| {
+            self.latest
+                .get(&(kind, priority))
+                .map_or(f64::NEG_INFINITY, |latest| {
+                    latest - sql::CLAIM_FLOOR_LAG.as_secs_f64()
+                })
         })
     }
 }
@@ -398,11 +405,9 @@ async fn claim(
             kinds.push(info.kind);
             limits.push(i32::try_from(*free).unwrap_or(i32::MAX));
             leases.push(millis(info.config.lease_length()));
-            from.push(if full {
-                f64::NEG_INFINITY
-            } else {
-                floors.floor(info.kind)
-            });
+            if !full {
+                from.extend(floors.floors(info.kind));
+            }
             asked = asked.saturating_add(*free);
         }
     }
@@ -447,7 +452,7 @@ async fn claim(
 /// run-after.
 fn start(
     shared: &Arc<Shared>,
-    (id, kind, attempts, max_attempts, token, payload, waited, run_after): ClaimRow,
+    (id, kind, attempts, max_attempts, token, payload, waited, run_after, priority): ClaimRow,
     floors: &mut Floors,
     executors: &mut JoinSet<()>,
 ) {
@@ -457,7 +462,10 @@ fn start(
         return;
     };
     if let Some(run_after) = run_after {
-        let latest = floors.latest.entry(handler.kind).or_insert(run_after);
+        let latest = floors
+            .latest
+            .entry((handler.kind, priority))
+            .or_insert(run_after);
         *latest = latest.max(run_after);
     }
     shared.take_slot(handler.kind);
@@ -519,6 +527,7 @@ async fn arm_periodic(shared: &Shared, periodic: &[&'static HandlerInfo]) -> boo
             .bind(sql::PERIODIC_KEY)
             .bind(period_ms)
             .bind(due_ms)
+            .bind(info.config.priority)
             .execute(&shared.db)
             .await;
         match result {
