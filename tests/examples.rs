@@ -198,20 +198,27 @@ async fn semantic_ingestion_claims_sets_once_reruns_once_and_refuses_late_result
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(report.embeddings.len() as i64, revisions);
-    assert!(
-        report.embeddings.iter().all(|e| e.3 == 1),
-        "a change embedded twice: {:?}",
-        report.embeddings
+    assert_eq!(
+        report.embeddings.len() as i64,
+        revisions,
+        "every change embedded"
     );
-    let stalled: Vec<i32> = report
+    // The takeover of set 3 embedded nothing again. (Elsewhere a claim lost by
+    // accident on a loaded machine, between an embedding and its checkpoint, may redo
+    // that one change: at least once.)
+    let stalled: Vec<(i32, i32)> = report
         .embeddings
         .iter()
         .filter(|(set, _, _, _)| *set == STALLED_SET)
-        .map(|(_, _, attempt, _)| *attempt)
+        .map(|(_, _, attempt, times)| (*attempt, *times))
         .collect();
     assert!(!stalled.is_empty());
-    assert!(stalled.iter().all(|a| *a == 1), "{stalled:?}");
+    assert!(
+        stalled
+            .iter()
+            .all(|&(attempt, times)| attempt == 1 && times == 1),
+        "{stalled:?}"
+    );
     assert_eq!(jobs_of(&pool, &semantic_ingestion::KINDS).await, []);
 }
 
