@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Running, runtime, wait_until};
+use common::{Running, runtime, wait_state, wait_until};
 use jobs::admin::JobState;
 use jobs::{Job, JobContext, JobError};
 use serde::{Deserialize, Serialize};
@@ -14,16 +14,6 @@ async fn setup(pool: &PgPool) {
         .execute(pool)
         .await
         .unwrap();
-}
-
-async fn wait_state(pool: &PgPool, id: i64, state: JobState) {
-    wait_until(&format!("job {id} {state}"), || async {
-        jobs::admin::get(pool, id)
-            .await
-            .unwrap()
-            .is_some_and(|j| j.state == state)
-    })
-    .await;
 }
 
 #[derive(Job, Serialize, Deserialize)]

@@ -4,22 +4,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Running, runtime, wait_until};
+use common::{Running, runtime, wait_state};
 use jobs::admin::JobState;
 use jobs::{FailureKind, Job, JobContext, JobError};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-
-/// Waits until job `id` is in `state`.
-async fn wait_state(pool: &PgPool, id: i64, state: JobState) {
-    wait_until(&format!("job {id} {state}"), || async {
-        jobs::admin::get(pool, id)
-            .await
-            .unwrap()
-            .is_some_and(|j| j.state == state)
-    })
-    .await;
-}
 
 #[derive(Job, Serialize, Deserialize)]
 #[job(

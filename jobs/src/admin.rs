@@ -282,32 +282,36 @@ DELETE FROM jobs j USING old WHERE j.id = old.id AND j.state = 'done'
 /// Index: `jobs_failed (kind, id) WHERE state = 'failed'`, a range scan from the oldest
 /// id (ids rise with time, so the oldest failures come first). `SKIP LOCKED`, as
 /// [`PRUNE_BATCH`]; an operator's retry or discard of the same row wins or waits.
-const PRUNE_FAILED_BATCH: &str = r#"
+/// The retention prune of the finished rows of one state that are ordered by id:
+/// [`PRUNE_FAILED_BATCH`] and [`PRUNE_CANCELLED_BATCH`].
+macro_rules! prune_by_id {
+    ($state:literal) => {
+        concat!(
+            r#"
 WITH old AS MATERIALIZED (
     SELECT id FROM jobs
-    WHERE state = 'failed' AND kind = $1
+    WHERE state = '"#,
+            $state,
+            r#"' AND kind = $1
       AND finished_at < now() - $3 * interval '1 millisecond'
     ORDER BY id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM jobs j USING old WHERE j.id = old.id AND j.state = 'failed'
-"#;
+DELETE FROM jobs j USING old WHERE j.id = old.id AND j.state = '"#,
+            $state,
+            r#"'
+"#
+        )
+    };
+}
+
+const PRUNE_FAILED_BATCH: &str = prune_by_id!("failed");
 
 /// Deletes up to `$2` cancelled rows of kind `$1` finished more than `$3` ms ago, as
 /// [`PRUNE_FAILED_BATCH`] does failed ones. Index: `jobs_cancelled (kind, id) WHERE
 /// state = 'cancelled'`.
-const PRUNE_CANCELLED_BATCH: &str = r#"
-WITH old AS MATERIALIZED (
-    SELECT id FROM jobs
-    WHERE state = 'cancelled' AND kind = $1
-      AND finished_at < now() - $3 * interval '1 millisecond'
-    ORDER BY id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM jobs j USING old WHERE j.id = old.id AND j.state = 'cancelled'
-"#;
+const PRUNE_CANCELLED_BATCH: &str = prune_by_id!("cancelled");
 
 /// The state of a job row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

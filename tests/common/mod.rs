@@ -93,6 +93,17 @@ pub fn runtime(pool: &PgPool, kinds: &[&str]) -> Runtime {
         .shutdown_grace(Duration::from_secs(5))
 }
 
+/// Waits until job `id` is in `state`.
+pub async fn wait_state(pool: &PgPool, id: i64, state: jobs::admin::JobState) {
+    wait_until(&format!("job {id} {state}"), || async {
+        jobs::admin::get(pool, id)
+            .await
+            .unwrap()
+            .is_some_and(|j| j.state == state)
+    })
+    .await;
+}
+
 /// Records a run of a handler in the test's `runs (job_id, attempt, note)` table.
 pub async fn record(ctx: &JobContext, note: &str) -> Result<(), JobError> {
     sqlx::query("INSERT INTO runs (job_id, attempt, note) VALUES ($1, $2, $3)")

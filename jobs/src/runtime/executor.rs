@@ -63,6 +63,38 @@ impl Outcome {
     }
 }
 
+impl Claimed {
+    /// The state a handler's context and the runtime share for this claim.
+    fn context(
+        &self,
+        handler: &'static HandlerInfo,
+        pool: &sqlx::PgPool,
+        lost: watch::Receiver<bool>,
+    ) -> Arc<Inner> {
+        Arc::new(Inner {
+            id: self.id,
+            kind: handler.kind,
+            attempt: self.attempt,
+            max_attempts: self.max_attempts,
+            token: self.token,
+            config: handler.config,
+            pool: pool.clone(),
+            lost,
+            fence_open: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
+            fence_dropped: AtomicBool::new(false),
+            completed: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+            cancelled: AtomicBool::new(false),
+            db_clock: self.db_claimed_us.map(|us| (us, self.claimed_at)),
+            tx: handler
+                .config
+                .is_transaction()
+                .then(|| Mutex::new(TxSlot::Unopened)),
+        })
+    }
+}
+
 pub(crate) async fn execute(shared: Arc<Shared>, handler: &'static HandlerInfo, job: Claimed) {
     let span = tracing::info_span!(
         "job",
@@ -77,26 +109,8 @@ pub(crate) async fn execute(shared: Arc<Shared>, handler: &'static HandlerInfo, 
 }
 
 async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claimed) {
-    let transaction_mode = handler.config.is_transaction();
     let (lost_tx, lost_rx) = watch::channel(false);
-    let inner = Arc::new(Inner {
-        id: job.id,
-        kind: handler.kind,
-        attempt: job.attempt,
-        max_attempts: job.max_attempts,
-        token: job.token,
-        config: handler.config,
-        pool: shared.pool.clone(),
-        lost: lost_rx,
-        fence_open: AtomicBool::new(false),
-        fenced: AtomicBool::new(false),
-        fence_dropped: AtomicBool::new(false),
-        completed: AtomicBool::new(false),
-        finished: AtomicBool::new(false),
-        cancelled: AtomicBool::new(false),
-        db_clock: job.db_claimed_us.map(|us| (us, job.claimed_at)),
-        tx: transaction_mode.then(|| Mutex::new(TxSlot::Unopened)),
-    });
+    let inner = job.context(handler, &shared.pool, lost_rx);
     // The claim is renewed from here until its outcome is written (by this executor,
     // or by the completer for a success), in every lease mode.
     shared.flights.lock().expect("lock poisoned").insert(
@@ -136,19 +150,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     let payload = std::mem::take(&mut job.payload);
     let mut outcome = run_handler(&shared, handler, payload, ctx.clone()).await;
     inner.finished.store(true, Ordering::Release);
-    if transaction_mode {
-        outcome = commit_transaction(&inner, outcome).await;
-    } else if matches!(outcome, Outcome::Succeeded)
-        && inner.fence_dropped.load(Ordering::Acquire)
-        && !inner.completed.load(Ordering::Acquire)
-    {
-        outcome = Outcome::Retry(
-            FailureKind::Error,
-            "the handler returned Ok(()) after a fenced transaction of this run ended without \
-             commit(): its writes were rolled back, so the job is not complete"
-                .to_owned(),
-        );
-    }
+    outcome = settle(&inner, outcome).await;
     let label = outcome.label(&job);
     tracing::Span::current().record("job.outcome", label);
     let took = started.elapsed();
@@ -327,6 +329,28 @@ async fn run_handler(
     }
 }
 
+/// What a run that ended with `outcome` comes to once its transaction is settled: in
+/// transaction mode the handler's transaction commits with the completion (or rolls
+/// back); otherwise a success after a fenced transaction dropped without `commit()` is
+/// a failed attempt (its writes were rolled back).
+async fn settle(job: &Inner, outcome: Outcome) -> Outcome {
+    if job.config.is_transaction() {
+        return commit_transaction(job, outcome).await;
+    }
+    if matches!(outcome, Outcome::Succeeded)
+        && job.fence_dropped.load(Ordering::Acquire)
+        && !job.completed.load(Ordering::Acquire)
+    {
+        return Outcome::Retry(
+            FailureKind::Error,
+            "the handler returned Ok(()) after a fenced transaction of this run ended without \
+             commit(): its writes were rolled back, so the job is not complete"
+                .to_owned(),
+        );
+    }
+    outcome
+}
+
 /// Resolves when the handler is to be dropped: the job was cancelled by an operator,
 /// or its lease was lost and the kind cancels on lease loss. A lost lease without
 /// cancelling keeps waiting, for a cancel that may still come.
@@ -485,27 +509,7 @@ pub(crate) async fn perform_inline(
     use crate::JobError;
 
     let (_lost_tx, lost_rx) = watch::channel(false);
-    let inner = Arc::new(Inner {
-        id: claimed.id,
-        kind: handler.kind,
-        attempt: claimed.attempt,
-        max_attempts: claimed.max_attempts,
-        token: claimed.token,
-        config: handler.config,
-        pool: pool.clone(),
-        lost: lost_rx,
-        fence_open: AtomicBool::new(false),
-        fenced: AtomicBool::new(false),
-        fence_dropped: AtomicBool::new(false),
-        completed: AtomicBool::new(false),
-        finished: AtomicBool::new(false),
-        cancelled: AtomicBool::new(false),
-        db_clock: claimed.db_claimed_us.map(|us| (us, claimed.claimed_at)),
-        tx: handler
-            .config
-            .is_transaction()
-            .then(|| Mutex::new(TxSlot::Unopened)),
-    });
+    let inner = claimed.context(handler, pool, lost_rx);
     let ctx = JobContext {
         inner: inner.clone(),
     };
@@ -550,19 +554,7 @@ pub(crate) async fn perform_inline(
             )
         }
     };
-    if handler.config.is_transaction() {
-        outcome = commit_transaction(&inner, outcome).await;
-    } else if matches!(outcome, Outcome::Succeeded)
-        && inner.fence_dropped.load(Ordering::Acquire)
-        && !inner.completed.load(Ordering::Acquire)
-    {
-        outcome = Outcome::Retry(
-            FailureKind::Error,
-            "the handler returned Ok(()) after a fenced transaction of this run ended without \
-             commit(): its writes were rolled back, so the job is not complete"
-                .to_owned(),
-        );
-    }
+    outcome = settle(&inner, outcome).await;
     if !inner.completed.load(Ordering::Acquire) {
         let written = match &outcome {
             Outcome::Succeeded => {
