@@ -307,3 +307,38 @@ async fn a_cancel_that_meets_a_fenced_commit_waits_and_finds_the_job_done(pool: 
         .unwrap();
     assert_eq!(results, 1, "the result committed once, with the completion");
 }
+
+/// A periodic kind: one live job, every hour.
+#[derive(Job, Serialize, Deserialize, Default)]
+#[job(kind = "cx.hourly", every = "1h")]
+struct Hourly {}
+
+#[jobs::handler]
+async fn hourly(_job: Hourly, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_cancelled_periodic_run_is_not_replaced_at_once(pool: PgPool) {
+    // The kind's live job, waiting for its next period; an operator cancels it.
+    let id = Hourly {}
+        .enqueue_in(&pool, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .id;
+    assert_eq!(
+        jobs::admin::cancel(&pool, id).await.unwrap(),
+        Cancelled::Pending
+    );
+    // A runtime starts and arms its periodic kinds: the cancelled run is not replaced
+    // by one due now; the next comes a period after the cancel.
+    let rt = Running::start(runtime(&pool, &["cx.hourly"]));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    rt.stop().await;
+    // Nothing was armed: a run would have left its job re-armed, pending.
+    let rows: Vec<String> = sqlx::query_scalar("SELECT state FROM jobs WHERE kind = 'cx.hourly'")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, ["cancelled"]);
+}

@@ -633,8 +633,10 @@ FOR NO KEY UPDATE
 pub(crate) const PERIODIC_KEY: &str = "every";
 
 /// Arms the periodic kind `$1` (payload `$2`, max_attempts `$3`) if it has no live job,
-/// and its newest failed row (a job whose last attempt's worker died) is at least one
-/// period (`$5` ms) old: a kind failing that way still runs at its own pace. The job is
+/// and its newest failed row (a job whose last attempt's worker died) and newest
+/// cancelled row (an operator cancelled a run) are at least one period (`$5` ms) old: a
+/// kind failing that way still runs at its own pace, and a cancelled run is not
+/// replaced at once. The job is
 /// due `$6` ms from now: at once for an `every` kind, at its next fire time for a cron
 /// kind (whose `$5` is 0: it never runs before that fire time anyway), at the kind's
 /// priority `$7`. The fixed
@@ -642,15 +644,17 @@ pub(crate) const PERIODIC_KEY: &str = "every";
 /// makes this safe from every replica at once: the unique index admits one.
 ///
 /// Index: `jobs_live_key` for the existence check and the arbiter; `jobs_failed (kind,
-/// id)`, read backwards for one entry, for the newest failed row.
+/// id)` and `jobs_cancelled (kind, id)`, each read backwards for one entry, for the
+/// newest failed and cancelled rows.
 pub(crate) const ARM_PERIODIC: &str = r#"
 INSERT INTO jobs (kind, key, payload, max_attempts, run_after, priority)
 SELECT $1, $4, $2::jsonb, $3, now() + $6 * interval '1 millisecond', $7
 WHERE NOT EXISTS (
     SELECT 1 FROM jobs WHERE kind = $1 AND key = $4 AND state IN ('pending', 'running')
 )
-AND coalesce((
-    SELECT finished_at FROM jobs WHERE kind = $1 AND state = 'failed' ORDER BY id DESC LIMIT 1
+AND coalesce(greatest(
+    (SELECT finished_at FROM jobs WHERE kind = $1 AND state = 'failed' ORDER BY id DESC LIMIT 1),
+    (SELECT finished_at FROM jobs WHERE kind = $1 AND state = 'cancelled' ORDER BY id DESC LIMIT 1)
 ) <= now() - $5 * interval '1 millisecond', true)
 ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO NOTHING
 "#;

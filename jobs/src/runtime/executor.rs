@@ -48,6 +48,18 @@ enum Outcome {
 }
 
 impl Outcome {
+    /// What a handler's error comes to.
+    fn of(error: &JobErrorKind) -> Self {
+        match error {
+            JobErrorKind::Retry(m) => Outcome::Retry(FailureKind::Error, m.clone()),
+            JobErrorKind::Permanent(m) => Outcome::Permanent(FailureKind::Permanent, m.clone()),
+            JobErrorKind::Payload(m) => Outcome::Permanent(FailureKind::Payload, m.clone()),
+            JobErrorKind::Snooze(d) => Outcome::Snooze(*d),
+            JobErrorKind::LeaseLost => Outcome::LeaseLost,
+            JobErrorKind::Cancel(m) => Outcome::Permanent(FailureKind::Cancelled, m.clone()),
+        }
+    }
+
     /// What the run came to, as recorded on the span and in the metrics.
     fn label(&self, job: &Claimed) -> &'static str {
         match self {
@@ -311,14 +323,7 @@ async fn run_handler(
                 timeout.unwrap_or_default()
             )),
             Some(Ok(Ok(()))) => Outcome::Succeeded,
-            Some(Ok(Err(e))) => match e.kind {
-                JobErrorKind::Retry(m) => Outcome::Retry(FailureKind::Error, m),
-                JobErrorKind::Permanent(m) => Outcome::Permanent(FailureKind::Permanent, m),
-                JobErrorKind::Payload(m) => Outcome::Permanent(FailureKind::Payload, m),
-                JobErrorKind::Snooze(d) => Outcome::Snooze(d),
-                JobErrorKind::LeaseLost => Outcome::LeaseLost,
-                JobErrorKind::Cancel(m) => Outcome::Permanent(FailureKind::Cancelled, m),
-            },
+            Some(Ok(Err(e))) => Outcome::of(&e.kind),
             Some(Err(panic)) => Outcome::Retry(
                 FailureKind::Panic,
                 format!("handler panicked: {}", panic_message(&*panic)),
@@ -534,17 +539,7 @@ pub(crate) async fn perform_inline(
             )
         }
         Some(Ok(Ok(()))) => (Outcome::Succeeded, Ok(())),
-        Some(Ok(Err(e))) => {
-            let outcome = match &e.kind {
-                JobErrorKind::Retry(m) => Outcome::Retry(FailureKind::Error, m.clone()),
-                JobErrorKind::Permanent(m) => Outcome::Permanent(FailureKind::Permanent, m.clone()),
-                JobErrorKind::Payload(m) => Outcome::Permanent(FailureKind::Payload, m.clone()),
-                JobErrorKind::Snooze(d) => Outcome::Snooze(*d),
-                JobErrorKind::LeaseLost => Outcome::LeaseLost,
-                JobErrorKind::Cancel(m) => Outcome::Permanent(FailureKind::Cancelled, m.clone()),
-            };
-            (outcome, Err(e))
-        }
+        Some(Ok(Err(e))) => (Outcome::of(&e.kind), Err(e)),
         Some(Err(panic)) => {
             let message = format!("handler panicked: {}", panic_message(&*panic));
             panicked = Some(panic);
