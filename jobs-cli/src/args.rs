@@ -115,6 +115,22 @@ pub enum Command {
         /// The failed job's id.
         id: i64,
     },
+    /// Serve the dashboard: queues, jobs, failures and actions in a browser.
+    Web {
+        /// The address to listen on. Anything but a loopback address needs --token.
+        #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// The access token a browser signs in with (a script sends it as
+        /// `Authorization: Bearer <token>`).
+        #[arg(long, env = "JOBS_WEB_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Show only: no button changes anything.
+        #[arg(long)]
+        read_only: bool,
+        /// Database connections the dashboard may hold.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+        pool_size: u32,
+    },
     /// Delete done jobs finished longer ago than a duration.
     Prune {
         /// How old a done job must be (250ms, 30s, 5m, 1h, 7d, or 1h30m).

@@ -13,7 +13,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::Parser;
-use jobs::admin::{self, ListFilter, Order, Retried};
+use jobs::admin::{self, ListFilter, Order};
+use jobs_web::{Action, ActionError};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection as _};
 
@@ -79,15 +80,93 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             "no database given: set DATABASE_URL or pass --database-url".to_owned(),
         ));
     };
+    if let Command::Web {
+        listen,
+        token,
+        read_only,
+        pool_size,
+    } = cli.command
+    {
+        return web(
+            url,
+            cli.connect_timeout,
+            listen,
+            token,
+            read_only,
+            pool_size,
+        )
+        .await;
+    }
     let mut conn = connect(url, cli.connect_timeout).await?;
     let result = execute(&mut conn, cli.command).await;
     let _ = conn.close().await;
     result
 }
 
-/// Opens the one connection the command uses. Messages name the host, port, database
-/// and user, never the password.
-async fn connect(url: &str, timeout: Duration) -> Result<PgConnection, Failure> {
+/// Serves the dashboard until Ctrl-C (or SIGTERM).
+async fn web(
+    url: &str,
+    timeout: Duration,
+    listen: std::net::SocketAddr,
+    token: Option<String>,
+    read_only: bool,
+    pool_size: u32,
+) -> Result<(), Failure> {
+    let token = token.filter(|t| !t.is_empty());
+    if !listen.ip().is_loopback() && token.is_none() {
+        return Err(Failure::Usage(format!(
+            "refusing to serve the dashboard on {listen} without an access token: anyone who reaches that address could retry, cancel and discard jobs. Pass --token (or set JOBS_WEB_TOKEN), or listen on a loopback address such as 127.0.0.1:8080"
+        )));
+    }
+    // One connection first: a wrong URL or an unreachable database fails now, with the
+    // same messages as every other subcommand.
+    connect(url, timeout).await?.close().await.ok();
+    let (options, _) = connect_options(url)?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(pool_size)
+        .acquire_timeout(timeout)
+        .connect_lazy_with(options);
+    let mut dashboard = jobs_web::Dashboard::new(pool).read_only(read_only);
+    if let Some(token) = token {
+        dashboard = dashboard.token(token);
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| Failure::Operation(format!("cannot listen on {listen}: {e}")))?;
+    let bound = listener.local_addr().unwrap_or(listen);
+    print(&format!(
+        "dashboard at http://{bound}/{} (Ctrl-C stops)\n",
+        if read_only { " (read-only)" } else { "" }
+    ));
+    dashboard
+        .serve(listener, stop_signal())
+        .await
+        .map_err(|e| Failure::Operation(format!("the dashboard stopped: {e}")))
+}
+
+/// Ctrl-C, or SIGTERM where there is one.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// A URL's connection options, and how messages name its target (host, port,
+/// database and user, never the password).
+fn connect_options(url: &str) -> Result<(PgConnectOptions, String), Failure> {
     let redact = |text: String| match password(url) {
         Some(secret) if !secret.is_empty() => text.replace(secret, "***"),
         _ => text,
@@ -111,6 +190,17 @@ async fn connect(url: &str, timeout: Duration) -> Result<PgConnection, Failure> 
         options.get_database().unwrap_or(options.get_username()),
         options.get_username()
     );
+    Ok((options, target))
+}
+
+/// Opens the one connection the command uses. Messages name the host, port, database
+/// and user, never the password.
+async fn connect(url: &str, timeout: Duration) -> Result<PgConnection, Failure> {
+    let redact = |text: String| match password(url) {
+        Some(secret) if !secret.is_empty() => text.replace(secret, "***"),
+        _ => text,
+    };
+    let (options, target) = connect_options(url)?;
     match tokio::time::timeout(timeout, PgConnection::connect_with(&options)).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(e)) => Err(Failure::Connect(redact(format!(
@@ -238,54 +328,11 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
                 print(&output::job_detail(&job));
             }
         }
-        Command::Retry { id: Some(id), .. } => {
-            let mut outcome = admin::retry(&mut *conn, id).await;
-            if outcome.as_ref().is_err_and(admin::is_live_key_conflict) {
-                // An enqueue of the same key committed meanwhile: the second run merges.
-                outcome = admin::retry(&mut *conn, id).await;
-            }
-            match outcome {
-                Ok(Retried::Merged { live_id }) => print(&format!(
-                    "job {id} not requeued: job {live_id} of the same key is live and covers it; removed the failed row\n"
-                )),
-                Ok(_) => print(&format!("job {id} is pending again, claimable now\n")),
-                Err(jobs::Error::NotFound(_)) => {
-                    return Err(not_found(conn, id, "failed").await);
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        Command::Retry { id: Some(id), .. } => act(conn, Action::Retry(id)).await?,
         Command::Retry { id: None, kind } => {
-            let kind = kind.unwrap_or_default();
-            let mut outcome = admin::retry_kind(&mut *conn, &kind).await;
-            if outcome.as_ref().is_err_and(admin::is_live_key_conflict) {
-                outcome = admin::retry_kind(&mut *conn, &kind).await;
-            }
-            let done = outcome?;
-            let mut message = format!(
-                "{} failed job{} of kind `{kind}` pending again",
-                done.retried,
-                plural(done.retried)
-            );
-            if done.merged > 0 {
-                message.push_str(&format!(
-                    "; {} removed, covered by a job of the same key",
-                    done.merged
-                ));
-            }
-            message.push('\n');
-            print(&message);
+            act(conn, Action::RetryKind(kind.unwrap_or_default())).await?
         }
-        Command::Cancel { id } => match admin::cancel(&mut *conn, id).await {
-            Ok(admin::Cancelled::Running) => print(&format!(
-                "job {id} cancelled while running: its runtime drops the handler and refuses its results\n"
-            )),
-            Ok(_) => print(&format!("job {id} cancelled before it ran\n")),
-            Err(jobs::Error::NotFound(_)) => {
-                return Err(not_found(conn, id, "live").await);
-            }
-            Err(e) => return Err(e.into()),
-        },
+        Command::Cancel { id } => act(conn, Action::Cancel(id)).await?,
         Command::Runtimes { json } => {
             let runtimes = admin::runtimes(&mut *conn).await?;
             if json {
@@ -296,33 +343,10 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
                 print(&output::runtimes_table(&runtimes));
             }
         }
-        Command::Pause { kind } => {
-            if admin::pause(&mut *conn, &kind).await? {
-                print(&format!(
-                    "kind `{}` paused: runtimes stop claiming it within their poll interval\n",
-                    output::clean(&kind)
-                ));
-            } else {
-                print(&format!(
-                    "kind `{}` was already paused\n",
-                    output::clean(&kind)
-                ));
-            }
-        }
-        Command::Resume { kind } => {
-            if admin::resume(&mut *conn, &kind).await? {
-                print(&format!("kind `{}` resumed\n", output::clean(&kind)));
-            } else {
-                print(&format!("kind `{}` was not paused\n", output::clean(&kind)));
-            }
-        }
-        Command::Discard { id } => match admin::discard(&mut *conn, id).await {
-            Ok(()) => print(&format!("job {id} discarded\n")),
-            Err(jobs::Error::NotFound(_)) => {
-                return Err(not_found(conn, id, "failed").await);
-            }
-            Err(e) => return Err(e.into()),
-        },
+        Command::Pause { kind } => act(conn, Action::Pause(kind)).await?,
+        Command::Resume { kind } => act(conn, Action::Resume(kind)).await?,
+        Command::Discard { id } => act(conn, Action::Discard(id)).await?,
+        Command::Web { .. } => unreachable!("served by `web`, before a connection is opened"),
         Command::Prune {
             older_than,
             kind,
@@ -339,15 +363,17 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
     Ok(())
 }
 
-/// The failure for an id that has no job in the `wanted` state, saying which state it
-/// is in when it exists.
-/// "no `wanted` job with id N", and what the job is instead, if it exists.
-async fn not_found(conn: &mut PgConnection, id: i64, wanted: &str) -> Failure {
-    let mut message = format!("no {wanted} job with id {id}");
-    if let Ok(Some(job)) = admin::get(&mut *conn, id).await {
-        message.push_str(&format!(" (job {id} is {})", job.state));
+/// Runs an operator's action (the dashboard's buttons run the same) and prints what it
+/// did.
+async fn act(conn: &mut PgConnection, action: Action) -> Result<(), Failure> {
+    match jobs_web::perform(conn, &action).await {
+        Ok(message) => {
+            print(&format!("{}\n", output::clean(&message)));
+            Ok(())
+        }
+        Err(ActionError::Refused(message)) => Err(Failure::Operation(output::clean(&message))),
+        Err(e) => Err(Failure::Operation(e.to_string())),
     }
-    Failure::Operation(message)
 }
 
 fn plural(n: u64) -> &'static str {

@@ -1,0 +1,193 @@
+//! The overview: per kind, the jobs in each state and the age of the oldest due job;
+//! the runs per minute over the last hours; the runtimes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use jobs::admin::{self, MinuteStats, RuntimeRow};
+use maud::{Markup, html};
+
+use crate::layout::{self, Nav, link, when};
+use crate::queries::{self, Count, KindLine};
+use crate::security::Ctx;
+use crate::{Action, Shared};
+
+/// How far back the chart goes.
+const CHART_HOURS: i64 = 6;
+
+/// `GET /`
+pub(crate) async fn page(State(dash): State<Shared>, Extension(ctx): Extension<Ctx>) -> Response {
+    let pool = &dash.pool;
+    let read = async {
+        let now = super::db_now(pool).await?;
+        let kinds = queries::overview(pool).await?;
+        let runtimes = admin::runtimes(pool).await?;
+        let history =
+            admin::history(pool, None, Duration::from_secs(CHART_HOURS as u64 * 3600)).await?;
+        Ok::<_, jobs::Error>((now, kinds, runtimes, history))
+    };
+    match read.await {
+        Ok((now, kinds, runtimes, history)) => {
+            let body = html! {
+                h1 { "Overview" }
+                (kinds_table(&ctx, now, &kinds))
+                h2 { "Runs per minute, last " (CHART_HOURS) " hours" }
+                (chart(now, &history))
+                h2 { "Runtimes" }
+                (runtimes_table(now, &runtimes))
+            };
+            layout::page(&ctx, "Overview", Nav::Overview, body).into_response()
+        }
+        Err(e) => layout::database_error(&ctx, e),
+    }
+}
+
+fn count_link(ctx: &Ctx, kind: &str, state: &str, by_run_time: bool, count: Count) -> Markup {
+    if count.n == 0 {
+        return html! { span.muted { "0" } };
+    }
+    let mut params = vec![("kind", kind.to_owned()), ("state", state.to_owned())];
+    if by_run_time {
+        params.push(("order", "run".to_owned()));
+    }
+    html! { a href=(link(ctx, "/jobs", &params)) { (count) } }
+}
+
+fn kinds_table(ctx: &Ctx, now: DateTime<Utc>, kinds: &[KindLine]) -> Markup {
+    if kinds.is_empty() {
+        return html! { p.muted { "No jobs yet: the table is empty and no kind is paused." } };
+    }
+    html! {
+        div.scroll {
+            table.kinds {
+                thead { tr {
+                    th { "Kind" }
+                    th.num title="Pending and due" { "Due" }
+                    th.num title="Pending, run_after in the future" { "Scheduled" }
+                    th.num { "Running" }
+                    th.num { "Failed" }
+                    th.num { "Cancelled" }
+                    th.num { "Done" }
+                    th title="How long the oldest due job has waited" { "Oldest due" }
+                    th { "" }
+                } }
+                tbody {
+                    @for k in kinds {
+                        tr data-kind=(k.kind) {
+                            td {
+                                a href=(link(ctx, "/jobs", &[("kind", k.kind.clone())])) { code { (k.kind) } }
+                                @if k.paused { " " span.badge.state-paused { "paused" } }
+                            }
+                            td.num { (count_link(ctx, &k.kind, "pending", true, k.ready)) }
+                            td.num { (count_link(ctx, &k.kind, "pending", true, k.scheduled)) }
+                            td.num { (count_link(ctx, &k.kind, "running", false, k.running)) }
+                            td class={ "num" @if k.failed.n > 0 { " bad" } } { (count_link(ctx, &k.kind, "failed", false, k.failed)) }
+                            td.num { (count_link(ctx, &k.kind, "cancelled", false, k.cancelled)) }
+                            td.num { (count_link(ctx, &k.kind, "done", false, k.done)) }
+                            td { @match k.oldest_due { Some(t) => (when(now, t)), None => (layout::none()) } }
+                            td.actions {
+                                @if k.paused {
+                                    (layout::action_form(ctx, &Action::Resume(k.kind.clone())))
+                                } @else {
+                                    (layout::action_form(ctx, &Action::Pause(k.kind.clone())))
+                                }
+                                @if k.failed.n > 0 {
+                                    (layout::action_form(ctx, &Action::RetryKind(k.kind.clone())))
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        p.muted.small { "Counts stop at " (queries::COUNT_CAP) " per kind and state (per priority for due and scheduled jobs), shown as " (queries::COUNT_CAP) "+." }
+    }
+}
+
+/// Succeeded and failed runs per minute, all kinds together, as stacked bars: an SVG
+/// drawn on the server (no script needed).
+fn chart(now: DateTime<Utc>, history: &[MinuteStats]) -> Markup {
+    let minutes = CHART_HOURS * 60;
+    let start = now - chrono::Duration::minutes(minutes);
+    let mut per_minute: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
+    for m in history {
+        let slot = (m.minute - start).num_minutes();
+        if (0..minutes).contains(&slot) {
+            let entry = per_minute.entry(slot).or_default();
+            entry.0 += m.succeeded;
+            entry.1 += m.failed;
+        }
+    }
+    if per_minute.is_empty() {
+        return html! { p.muted { "No runs in the last " (CHART_HOURS) " hours." } };
+    }
+    let peak = per_minute
+        .values()
+        .map(|(s, f)| s + f)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let (width, height) = (minutes as f64 * 2.0, 120.0);
+    let total: (u64, u64) = per_minute
+        .values()
+        .fold((0, 0), |acc, (s, f)| (acc.0 + s, acc.1 + f));
+    html! {
+        figure.chart {
+            svg viewBox={ "0 0 " (width) " " (height) } preserveAspectRatio="none" role="img"
+                aria-label={ "Runs per minute; peak " (peak) } {
+                @for (slot, (ok, failed)) in &per_minute {
+                    @let x = *slot as f64 * 2.0;
+                    @let h_ok = *ok as f64 / peak as f64 * height;
+                    @let h_failed = *failed as f64 / peak as f64 * height;
+                    @let at = layout::time(start + chrono::Duration::minutes(*slot));
+                    g {
+                        title { (at) ": " (ok) " succeeded, " (failed) " failed" }
+                        rect.ok x=(x) y=(height - h_ok) width="2" height=(h_ok) {}
+                        @if *failed > 0 {
+                            rect.failed x=(x) y=(height - h_ok - h_failed) width="2" height=(h_failed) {}
+                        }
+                    }
+                }
+            }
+            figcaption {
+                "Peak " (peak) "/min. In all: " (total.0) " succeeded, " (total.1) " failed. "
+                span.legend.ok { "succeeded" } " " span.legend.failed { "failed" }
+            }
+        }
+    }
+}
+
+fn runtimes_table(now: DateTime<Utc>, runtimes: &[RuntimeRow]) -> Markup {
+    if runtimes.is_empty() {
+        return html! { p.muted { "No runtime is registered." } };
+    }
+    html! {
+        div.scroll {
+            table {
+                thead { tr {
+                    th { "Runtime" } th { "Host" } th.num { "Pid" } th { "Version" } th { "Kinds" }
+                    th.num { "Running" } th.num { "Concurrency" } th { "Started" } th { "Last seen" }
+                } }
+                tbody {
+                    @for r in runtimes {
+                        tr {
+                            td { (r.name.as_deref().unwrap_or("")) " " code.muted.small { (r.id) } }
+                            td { (r.host) }
+                            td.num { (r.pid) }
+                            td { (r.version) }
+                            td { @for (i, k) in r.kinds.iter().enumerate() { @if i > 0 { ", " } code { (k) } } }
+                            td.num { (r.running) }
+                            td.num { (r.concurrency) }
+                            td { (when(now, r.started_at)) }
+                            td { (when(now, r.last_seen)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
