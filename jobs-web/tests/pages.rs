@@ -1,0 +1,538 @@
+//! The dashboard's pages and actions over HTTP, against a real database: what each page
+//! shows, keyset paging, forgery protection, the access token, read-only mode and
+//! mounting under a prefix. (tests/browser.rs drives the same pages in Chromium.)
+
+mod common;
+
+use axum::Router;
+use axum::http::StatusCode;
+use common::*;
+use jobs_web::Dashboard;
+use sqlx::PgPool;
+
+fn app(pool: &PgPool) -> Router {
+    Dashboard::new(pool.clone()).router()
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_overview_counts_each_kind_by_state(pool: PgPool) {
+    for _ in 0..3 {
+        insert(&pool, "mail.send", "pending", None).await;
+    }
+    insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    insert(&pool, "mail.send", "done", None).await;
+    insert(&pool, "report.build", "running", None).await;
+    insert(&pool, "report.build", "cancelled", None).await;
+    jobs::admin::pause(&pool, "idle.kind").await.unwrap();
+
+    let page = get(&app(&pool), "/", None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let row = |kind: &str| {
+        let start = page
+            .body
+            .find(&format!("<tr data-kind=\"{kind}\""))
+            .unwrap_or_else(|| panic!("a row for {kind}: {}", page.body));
+        let end = page.body[start..].find("</tr>").unwrap() + start;
+        page.body[start..end].to_owned()
+    };
+    let mail = row("mail.send");
+    assert!(
+        mail.contains("state=pending&amp;order=run\">3</a>"),
+        "{mail}"
+    );
+    assert!(mail.contains("state=failed\">1</a>"), "{mail}");
+    assert!(mail.contains("state=done\">1</a>"), "{mail}");
+    assert!(mail.contains("data-action=\"retry-kind\""), "{mail}");
+    let report = row("report.build");
+    assert!(report.contains("state=running\">1</a>"), "{report}");
+    assert!(report.contains("state=cancelled\">1</a>"), "{report}");
+    assert!(
+        !report.contains("retry-kind"),
+        "no failed job, no retry-all: {report}"
+    );
+    let idle = row("idle.kind");
+    assert!(idle.contains("paused"), "{idle}");
+    assert!(idle.contains("data-action=\"resume\""), "{idle}");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn counts_stop_at_the_cap(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO jobs (kind, state, max_attempts, payload, finished_at)
+         SELECT 'bulk', 'done', 1, '{}', now() FROM generate_series(1, $1)",
+    )
+    .bind(jobs_web::COUNT_CAP as i32 + 5)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let page = get(&app(&pool), "/", None).await;
+    assert!(
+        page.body
+            .contains(&format!("state=done\">{}+</a>", jobs_web::COUNT_CAP)),
+        "{}",
+        page.body
+    );
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_job_page_shows_payload_attempts_and_times(pool: PgPool) {
+    let id = insert_with(
+        &pool,
+        "mail.send",
+        Some("user-7"),
+        "failed",
+        Some("smtp: 421 try later"),
+        serde_json::json!({"to": "a@example.com", "n": 7}),
+    )
+    .await;
+    let page = get(&app(&pool), &format!("/jobs/{id}"), None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    for expected in [
+        "&quot;to&quot;: &quot;a@example.com&quot;",
+        "smtp: 421 try later",
+        "Attempt 3",
+        "user-7",
+        "3 of 3",
+        "data-action=\"retry\"",
+        "data-action=\"discard\"",
+        "Finished",
+    ] {
+        assert!(page.body.contains(expected), "{expected}: {}", page.body);
+    }
+    assert!(
+        !page.body.contains("data-action=\"cancel\""),
+        "a failed job cannot be cancelled"
+    );
+
+    let missing = get(&app(&pool), "/jobs/999999", None).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(missing.body.contains("There is no job 999999"));
+    let bad = get(&app(&pool), "/jobs/abc", None).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
+
+/// The ids on a listing page, in order.
+fn ids(body: &str) -> Vec<i64> {
+    body.match_indices("<tr data-id=\"")
+        .map(|(at, m)| {
+            let rest = &body[at + m.len()..];
+            rest[..rest.find('"').unwrap()].parse().unwrap()
+        })
+        .collect()
+}
+
+/// The next page's link, unescaped.
+fn next_link(body: &str) -> Option<String> {
+    let at = body.find("rel=\"next\"")?;
+    let start = body[..at].rfind("href=\"")? + 6;
+    let end = body[start..].find('"')? + start;
+    Some(body[start..end].replace("&amp;", "&"))
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn listings_page_by_keyset_without_gaps_or_repeats(pool: PgPool) {
+    let mut failed = Vec::new();
+    for i in 0..120 {
+        insert(&pool, "a", "done", None).await;
+        failed.push(
+            insert(
+                &pool,
+                if i % 2 == 0 { "a" } else { "b" },
+                "failed",
+                Some("x"),
+            )
+            .await,
+        );
+    }
+    let app = app(&pool);
+    for (start, expected) in [
+        ("/jobs?state=failed", failed.clone()),
+        (
+            "/jobs?state=failed&kind=b",
+            failed.iter().copied().skip(1).step_by(2).collect(),
+        ),
+    ] {
+        let mut seen = Vec::new();
+        let mut next = Some(start.to_owned());
+        while let Some(url) = next {
+            let page = get(&app, &url, None).await;
+            assert_eq!(page.status, StatusCode::OK, "{url}");
+            seen.extend(ids(&page.body));
+            next = next_link(&page.body);
+        }
+        let mut want = expected;
+        want.reverse();
+        assert_eq!(seen, want, "{start}: newest first, every job once");
+    }
+    // Unfiltered: every row, newest first.
+    let mut seen = Vec::new();
+    let mut next = Some("/jobs".to_owned());
+    while let Some(url) = next {
+        let page = get(&app, &url, None).await;
+        seen.extend(ids(&page.body));
+        next = next_link(&page.body);
+    }
+    assert_eq!(seen.len(), 240);
+    assert!(seen.windows(2).all(|w| w[0] > w[1]));
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn pending_jobs_list_by_run_time_across_priorities(pool: PgPool) {
+    // Run times out of id order, in two priorities.
+    let mut expected = Vec::new();
+    for i in 0..70i64 {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO jobs (kind, max_attempts, payload, priority, run_after)
+             VALUES ('k', 1, '{}', $1, now() + $2 * interval '1 second') RETURNING id",
+        )
+        .bind((i % 2) as i16)
+        .bind((70 - i) as f64)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        expected.push((70 - i, id));
+    }
+    expected.sort();
+    let expected: Vec<i64> = expected.into_iter().map(|(_, id)| id).collect();
+    let app = app(&pool);
+    let mut seen = Vec::new();
+    let mut next = Some("/jobs?state=pending&order=run".to_owned());
+    while let Some(url) = next {
+        let page = get(&app, &url, None).await;
+        assert_eq!(page.status, StatusCode::OK, "{url}: {}", page.body);
+        seen.extend(ids(&page.body));
+        next = next_link(&page.body);
+    }
+    assert_eq!(seen, expected);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_key_search_reads_a_bounded_window_and_offers_the_next(pool: PgPool) {
+    let needle = insert_with(
+        &pool,
+        "k",
+        Some("needle"),
+        "done",
+        None,
+        serde_json::json!({}),
+    )
+    .await;
+    // Push the needle far below the newest ids: a window of the newest ids misses it.
+    sqlx::query("SELECT setval(pg_get_serial_sequence('jobs', 'id'), $1)")
+        .bind(needle + 120_000)
+        .execute(&pool)
+        .await
+        .unwrap();
+    insert(&pool, "k", "done", None).await;
+    let app = app(&pool);
+    let first = get(&app, "/jobs?key=needle", None).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(ids(&first.body).is_empty());
+    assert!(
+        first.body.contains("Searched the ids down to"),
+        "{}",
+        first.body
+    );
+    let mut url = next_link(&first.body).expect("a link to search older ids");
+    let mut found = Vec::new();
+    for _ in 0..5 {
+        let page = get(&app, &url, None).await;
+        found.extend(ids(&page.body));
+        match next_link(&page.body) {
+            Some(next) => url = next,
+            None => break,
+        }
+    }
+    assert_eq!(found, vec![needle]);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn an_id_search_opens_the_job_and_bad_filters_are_refused(pool: PgPool) {
+    let id = insert(&pool, "k", "pending", None).await;
+    let app = app(&pool);
+    let found = get(&app, &format!("/jobs?id={id}"), None).await;
+    assert_eq!(found.status, StatusCode::SEE_OTHER);
+    assert_eq!(found.location(), Some(format!("/jobs/{id}").as_str()));
+    assert_eq!(
+        get(&app, "/jobs?id=x1", None).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    let state = get(&app, "/jobs?state=lost", None).await;
+    assert_eq!(state.status, StatusCode::BAD_REQUEST);
+    assert!(state.body.contains("`lost` is not a state"));
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn an_action_asks_then_runs_and_says_what_it_did(pool: PgPool) {
+    let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    let app = app(&pool);
+    let (cookie, csrf) = session(&app, &format!("/jobs/{id}")).await;
+    let target = id.to_string();
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("action", "retry"),
+        ("target", target.as_str()),
+    ];
+
+    let asked = post(&app, "/action", &form, Some(&cookie), &[]).await;
+    assert_eq!(asked.status, StatusCode::OK);
+    assert!(
+        asked.body.contains(&format!("Retry job {id}?")),
+        "{}",
+        asked.body
+    );
+    assert!(asked.body.contains("name=\"confirmed\" value=\"yes\""));
+    assert_eq!(
+        state_of(&pool, id).await.as_deref(),
+        Some("failed"),
+        "asking changes nothing"
+    );
+
+    let mut confirmed = form.to_vec();
+    confirmed.push(("confirmed", "yes"));
+    let done = post(&app, "/action", &confirmed, Some(&cookie), &[]).await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    assert!(
+        done.body
+            .contains(&format!("job {id} is pending again, claimable now"))
+    );
+    assert_eq!(state_of(&pool, id).await.as_deref(), Some("pending"));
+
+    // The same action again: refused, saying why, as the tool does.
+    let again = post(&app, "/action", &confirmed, Some(&cookie), &[]).await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    assert!(
+        again
+            .body
+            .contains(&format!("no failed job with id {id} (job {id} is pending)")),
+        "{}",
+        again.body
+    );
+
+    // Resume is not destructive: it runs at once.
+    jobs::admin::pause(&pool, "mail.send").await.unwrap();
+    let resumed = post(
+        &app,
+        "/action",
+        &[
+            ("csrf", csrf.as_str()),
+            ("action", "resume"),
+            ("target", "mail.send"),
+        ],
+        Some(&cookie),
+        &[],
+    )
+    .await;
+    assert!(
+        resumed.body.contains("kind `mail.send` resumed"),
+        "{}",
+        resumed.body
+    );
+    assert!(!paused(&pool, "mail.send").await);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_forged_request_changes_nothing(pool: PgPool) {
+    let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    let app = app(&pool);
+    let (cookie, csrf) = session(&app, "/").await;
+    let target = id.to_string();
+    let form = |token: &'static str| {
+        vec![
+            ("csrf", token),
+            ("action", "discard"),
+            ("target", "0"),
+            ("confirmed", "yes"),
+        ]
+    };
+    let leaked: &'static str = Box::leak(csrf.clone().into_boxed_str());
+    let target: &'static str = Box::leak(target.into_boxed_str());
+    let with_target = |mut f: Vec<(&'static str, &'static str)>| {
+        f[2].1 = target;
+        f
+    };
+    // No cookie (another site's page cannot send it: SameSite=Strict), a token that is
+    // not the cookie's, no token at all, and the right token from another origin.
+    let attempts: Vec<(Option<&str>, Vec<(&str, &str)>, Vec<(&str, &str)>)> = vec![
+        (None, with_target(form(leaked)), vec![]),
+        (
+            Some(cookie.as_str()),
+            with_target(form("0123456789abcdef0123456789abcdef")),
+            vec![],
+        ),
+        (Some(cookie.as_str()), with_target(form("")), vec![]),
+        (
+            Some(cookie.as_str()),
+            with_target(form(leaked)),
+            vec![("origin", "https://evil.example")],
+        ),
+    ];
+    for (cookie, form, headers) in attempts {
+        let answer = post(&app, "/action", &form, cookie, &headers).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{form:?} {headers:?}");
+        assert_eq!(state_of(&pool, id).await.as_deref(), Some("failed"));
+    }
+    // The genuine one, from the dashboard's own origin, goes through.
+    let ok = post(
+        &app,
+        "/action",
+        &with_target(form(leaked)),
+        Some(&cookie),
+        &[("origin", "http://dash.test")],
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    assert_eq!(state_of(&pool, id).await, None, "discarded");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn read_only_shows_no_action_and_refuses_every_change(pool: PgPool) {
+    let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    let app = Dashboard::new(pool.clone()).read_only(true).router();
+    for path in [
+        "/".to_owned(),
+        format!("/jobs/{id}"),
+        "/jobs?state=failed".to_owned(),
+    ] {
+        let page = get(&app, &path, None).await;
+        assert_eq!(page.status, StatusCode::OK);
+        assert!(
+            !page.body.contains("method=\"post\""),
+            "{path}: {}",
+            page.body
+        );
+        assert!(page.body.contains("read-only"));
+    }
+    let (cookie, csrf) = session(&app, "/").await;
+    let target = id.to_string();
+    let answer = post(
+        &app,
+        "/action",
+        &[
+            ("csrf", &csrf),
+            ("action", "discard"),
+            ("target", &target),
+            ("confirmed", "yes"),
+        ],
+        Some(&cookie),
+        &[],
+    )
+    .await;
+    assert!(answer.status.is_client_error(), "{}", answer.status);
+    assert_eq!(state_of(&pool, id).await.as_deref(), Some("failed"));
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn an_access_token_guards_every_page_but_the_sign_in(pool: PgPool) {
+    let app = Dashboard::new(pool.clone()).token("s3cret-token").router();
+    let anonymous = get(&app, "/", None).await;
+    assert_eq!(anonymous.status, StatusCode::SEE_OTHER);
+    assert_eq!(anonymous.location(), Some("/login"));
+    assert_eq!(get(&app, "/jobs", None).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(get(&app, "/login", None).await.status, StatusCode::OK);
+    assert_eq!(
+        get(&app, "/assets/app.css", None).await.status,
+        StatusCode::OK
+    );
+    let refused = post(
+        &app,
+        "/action",
+        &[("action", "pause"), ("target", "k")],
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    assert!(!paused(&pool, "k").await);
+
+    let wrong = post(&app, "/login", &[("token", "guess")], None, &[]).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(wrong.cookie("jobs_web_token").is_none());
+    let signed = post(&app, "/login", &[("token", "s3cret-token")], None, &[]).await;
+    assert_eq!(signed.status, StatusCode::SEE_OTHER);
+    let token = signed
+        .cookie("jobs_web_token")
+        .expect("signing in sets the cookie");
+    let cookie = format!("jobs_web_token={token}");
+    assert_eq!(get(&app, "/", Some(&cookie)).await.status, StatusCode::OK);
+    assert_eq!(
+        get(&app, "/", Some("jobs_web_token=s3cret-tokeN"))
+            .await
+            .status,
+        StatusCode::SEE_OTHER
+    );
+
+    // A script sends the token as a bearer header.
+    use tower::ServiceExt as _;
+    let request = axum::http::Request::get("/")
+        .header("authorization", "Bearer s3cret-token")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    assert_eq!(
+        app.clone().oneshot(request).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn mounted_under_a_prefix_every_link_and_cookie_stays_under_it(pool: PgPool) {
+    let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    let app = Router::new()
+        .route("/", axum::routing::get(|| async { "the application" }))
+        .nest("/admin/jobs", Dashboard::new(pool.clone()).router());
+    assert_eq!(get(&app, "/", None).await.body, "the application");
+    let page = get(&app, "/admin/jobs", None).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("href=\"/admin/jobs/assets/app.css"));
+    assert!(page.body.contains("action=\"/admin/jobs/action\""));
+    assert!(
+        page.body
+            .contains("href=\"/admin/jobs/jobs?kind=mail.send&amp;state=failed\"")
+    );
+    let cookie = page
+        .headers
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .unwrap()
+        .to_owned();
+    assert!(cookie.contains("Path=/admin/jobs"), "{cookie}");
+    let job = get(&app, &format!("/admin/jobs/jobs/{id}"), None).await;
+    assert_eq!(job.status, StatusCode::OK);
+    assert!(job.body.contains("smtp down"));
+    assert_eq!(
+        get(&app, "/admin/jobs/assets/app.js", None).await.status,
+        StatusCode::OK
+    );
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn what_the_table_holds_is_escaped_everywhere(pool: PgPool) {
+    let evil = "<script>document.title='pwned'</script>";
+    let id = insert_with(
+        &pool,
+        "k<script>x</script>",
+        Some("<img src=x onerror=alert(1)>"),
+        "failed",
+        Some(evil),
+        serde_json::json!({"html": evil}),
+    )
+    .await;
+    let app = app(&pool);
+    for path in [
+        "/".to_owned(),
+        format!("/jobs/{id}"),
+        "/jobs?state=failed".to_owned(),
+    ] {
+        let page = get(&app, &path, None).await;
+        assert_eq!(page.status, StatusCode::OK);
+        assert!(
+            !page.body.contains("<script>document"),
+            "{path}: {}",
+            page.body
+        );
+        assert!(!page.body.contains("<img src=x"), "{path}");
+        assert!(!page.body.contains("<script>x"), "{path}");
+    }
+    let job = get(&app, &format!("/jobs/{id}"), None).await;
+    assert!(job.body.contains("&lt;script&gt;document.title="));
+}
