@@ -337,46 +337,41 @@ async fn a_forged_request_changes_nothing(pool: PgPool) {
     let app = app(&pool);
     let (cookie, csrf) = session(&app, "/").await;
     let target = id.to_string();
-    let form = |token: &'static str| {
+    let form = |token: &str| {
         vec![
-            ("csrf", token),
-            ("action", "discard"),
-            ("target", "0"),
-            ("confirmed", "yes"),
+            ("csrf".to_owned(), token.to_owned()),
+            ("action".to_owned(), "discard".to_owned()),
+            ("target".to_owned(), target.clone()),
+            ("confirmed".to_owned(), "yes".to_owned()),
         ]
-    };
-    let leaked: &'static str = Box::leak(csrf.clone().into_boxed_str());
-    let target: &'static str = Box::leak(target.into_boxed_str());
-    let with_target = |mut f: Vec<(&'static str, &'static str)>| {
-        f[2].1 = target;
-        f
     };
     // No cookie (another site's page cannot send it: SameSite=Strict), a token that is
     // not the cookie's, no token at all, and the right token from another origin.
-    let attempts: Vec<(Option<&str>, Vec<(&str, &str)>, Vec<(&str, &str)>)> = vec![
-        (None, with_target(form(leaked)), vec![]),
-        (
-            Some(cookie.as_str()),
-            with_target(form("0123456789abcdef0123456789abcdef")),
-            vec![],
-        ),
-        (Some(cookie.as_str()), with_target(form("")), vec![]),
-        (
-            Some(cookie.as_str()),
-            with_target(form(leaked)),
-            vec![("origin", "https://evil.example")],
-        ),
+    type Headers<'a> = &'a [(&'a str, &'a str)];
+    let evil = [("origin", "https://evil.example")];
+    let attempts: [(Option<&str>, _, Headers); 4] = [
+        (None, form(&csrf), &[]),
+        (Some(&cookie), form("0123456789abcdef0123456789abcdef"), &[]),
+        (Some(&cookie), form(""), &[]),
+        (Some(&cookie), form(&csrf), &evil),
     ];
     for (cookie, form, headers) in attempts {
-        let answer = post(&app, "/action", &form, cookie, &headers).await;
+        let fields: Vec<(&str, &str)> =
+            form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let answer = post(&app, "/action", &fields, cookie, headers).await;
         assert_eq!(answer.status, StatusCode::FORBIDDEN, "{form:?} {headers:?}");
         assert_eq!(state_of(&pool, id).await.as_deref(), Some("failed"));
     }
     // The genuine one, from the dashboard's own origin, goes through.
+    let genuine = form(&csrf);
+    let fields: Vec<(&str, &str)> = genuine
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let ok = post(
         &app,
         "/action",
-        &with_target(form(leaked)),
+        &fields,
         Some(&cookie),
         &[("origin", "http://dash.test")],
     )
