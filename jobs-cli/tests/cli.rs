@@ -465,3 +465,61 @@ async fn history_prints_runs_per_kind_and_minute(pool: PgPool) {
     assert_eq!(row["retried"], 2);
     assert!((row["p50_seconds"].as_f64().unwrap() - 0.0064).abs() < 1e-6);
 }
+
+#[tokio::test]
+async fn web_refuses_a_public_address_without_a_token() {
+    // Refused before any connection: the database here does not even exist.
+    let out = jobs(
+        "postgres://postgres@127.0.0.1:1/none",
+        &["web", "--listen", "0.0.0.0:0"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(
+            "error: refusing to serve the dashboard on 0.0.0.0:0 without an access token"
+        ),
+        "{err}"
+    );
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn web_serves_the_dashboard_until_stopped(pool: PgPool) {
+    use std::io::{BufRead as _, Read as _, Write as _};
+    let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_jobsctl"))
+        .args(["web", "--listen", "127.0.0.1:0", "--read-only"])
+        .env("DATABASE_URL", url_of(&pool))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let address = first
+        .strip_prefix("dashboard at http://")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("the address it serves on: {first}"))
+        .to_owned();
+    let page = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(&address).unwrap();
+        write!(
+            stream,
+            "GET /jobs/{id} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut page = String::new();
+        stream.read_to_string(&mut page).unwrap();
+        page
+    })
+    .await
+    .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("smtp down"), "{page}");
+    assert!(page.contains("read-only"), "{page}");
+    assert!(!page.contains("method=\"post\""), "{page}");
+}
