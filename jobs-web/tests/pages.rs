@@ -531,3 +531,35 @@ async fn what_the_table_holds_is_escaped_everywhere(pool: PgPool) {
     let job = get(&app, &format!("/jobs/{id}"), None).await;
     assert!(job.body.contains("&lt;script&gt;document.title="));
 }
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_chart_adds_up_the_throughput_history_of_its_range(pool: PgPool) {
+    // Two kinds in the last hour, one two days ago.
+    sqlx::query(
+        "INSERT INTO jobs_throughput (kind, minute, succeeded, failed)
+         VALUES ('a', date_trunc('minute', now()) - interval '5 minutes', 10, 1),
+                ('b', date_trunc('minute', now()) - interval '5 minutes', 5, 0),
+                ('a', date_trunc('minute', now()) - interval '2 days', 100, 7)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let app = app(&pool);
+    let hour = get(&app, "/", None).await;
+    assert!(
+        hour.body.contains("In all: 15 succeeded, 1 failed."),
+        "{}",
+        hour.body
+    );
+    assert!(hour.body.contains("Peak 16 per minute"), "{}", hour.body);
+    let week = get(&app, "/?hours=168", None).await;
+    assert!(
+        week.body.contains("In all: 115 succeeded, 8 failed."),
+        "{}",
+        week.body
+    );
+    assert!(week.body.contains("per 28 minutes"), "{}", week.body);
+    // An unknown range falls back to the default.
+    let odd = get(&app, "/?hours=5", None).await;
+    assert!(odd.body.contains("In all: 15 succeeded, 1 failed."));
+}

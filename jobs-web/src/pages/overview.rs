@@ -5,29 +5,48 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::Extension;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use jobs::admin::{self, MinuteStats, RuntimeRow};
 use maud::{Markup, html};
+use serde::Deserialize;
 
 use crate::layout::{self, Nav, link, when};
 use crate::queries::{self, Count, KindLine};
 use crate::security::Ctx;
 use crate::{Action, Shared};
 
-/// How far back the chart goes.
-const CHART_HOURS: i64 = 6;
+/// How far back the chart can go, in hours (the history keeps seven days); the first
+/// is the default.
+const RANGES: [i64; 4] = [1, 6, 24, 168];
+
+/// At most this many bars: longer ranges add up several minutes per bar.
+const BARS: i64 = 360;
+
+/// The query string.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct Params {
+    hours: Option<i64>,
+}
 
 /// `GET /`
-pub(crate) async fn page(State(dash): State<Shared>, Extension(ctx): Extension<Ctx>) -> Response {
+pub(crate) async fn page(
+    State(dash): State<Shared>,
+    Extension(ctx): Extension<Ctx>,
+    params: Result<Query<Params>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let hours = params
+        .ok()
+        .and_then(|Query(p)| p.hours)
+        .filter(|h| RANGES.contains(h))
+        .unwrap_or(RANGES[0]);
     let pool = &dash.pool;
     let read = async {
         let now = super::db_now(pool).await?;
         let kinds = queries::overview(pool).await?;
         let runtimes = admin::runtimes(pool).await?;
-        let history =
-            admin::history(pool, None, Duration::from_secs(CHART_HOURS as u64 * 3600)).await?;
+        let history = admin::history(pool, None, Duration::from_secs(hours as u64 * 3600)).await?;
         Ok::<_, jobs::Error>((now, kinds, runtimes, history))
     };
     match read.await {
@@ -35,8 +54,9 @@ pub(crate) async fn page(State(dash): State<Shared>, Extension(ctx): Extension<C
             let body = html! {
                 h1 { "Overview" }
                 (kinds_table(&ctx, now, &kinds))
-                h2 { "Runs per minute, last " (CHART_HOURS) " hours" }
-                (chart(now, &history))
+                h2 { "Runs, last " (span(hours)) }
+                (range_links(&ctx, hours))
+                (chart(now, hours, &history))
                 h2 { "Runtimes" }
                 (runtimes_table(now, &runtimes))
             };
@@ -108,22 +128,53 @@ fn kinds_table(ctx: &Ctx, now: DateTime<Utc>, kinds: &[KindLine]) -> Markup {
     }
 }
 
-/// Succeeded and failed runs per minute, all kinds together, as stacked bars: an SVG
-/// drawn on the server (no script needed).
-fn chart(now: DateTime<Utc>, history: &[MinuteStats]) -> Markup {
-    let minutes = CHART_HOURS * 60;
+/// "hour", "6 hours", "7 days".
+fn span(hours: i64) -> String {
+    match hours {
+        1 => "hour".to_owned(),
+        h if h % 24 == 0 && h > 24 => format!("{} days", h / 24),
+        h => format!("{h} hours"),
+    }
+}
+
+fn short(hours: i64) -> String {
+    if hours >= 48 {
+        format!("{}d", hours / 24)
+    } else {
+        format!("{hours}h")
+    }
+}
+
+fn range_links(ctx: &Ctx, current: i64) -> Markup {
+    html! {
+        nav.ranges {
+            @for h in RANGES {
+                @if h == current { strong { (short(h)) } } @else {
+                    a href=(link(ctx, "/", &[("hours", h.to_string())])) { (short(h)) }
+                }
+            }
+        }
+    }
+}
+
+/// Succeeded and failed runs, all kinds together, as stacked bars of one or more
+/// minutes each: an SVG drawn on the server (no script needed).
+fn chart(now: DateTime<Utc>, hours: i64, history: &[MinuteStats]) -> Markup {
+    let minutes = hours * 60;
+    let per_bar = (minutes + BARS - 1) / BARS;
+    let bars = minutes / per_bar;
     let start = now - chrono::Duration::minutes(minutes);
     let mut per_minute: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
     for m in history {
-        let slot = (m.minute - start).num_minutes();
-        if (0..minutes).contains(&slot) {
+        let slot = (m.minute - start).num_minutes() / per_bar;
+        if (0..bars).contains(&slot) {
             let entry = per_minute.entry(slot).or_default();
             entry.0 += m.succeeded;
             entry.1 += m.failed;
         }
     }
     if per_minute.is_empty() {
-        return html! { p.muted { "No runs in the last " (CHART_HOURS) " hours." } };
+        return html! { p.muted { "No runs in the last " (span(hours)) "." } };
     }
     let peak = per_minute
         .values()
@@ -131,19 +182,24 @@ fn chart(now: DateTime<Utc>, history: &[MinuteStats]) -> Markup {
         .max()
         .unwrap_or(1)
         .max(1);
-    let (width, height) = (minutes as f64 * 2.0, 120.0);
+    let unit = if per_bar == 1 {
+        "minute".to_owned()
+    } else {
+        format!("{per_bar} minutes")
+    };
+    let (width, height) = (bars as f64 * 2.0, 120.0);
     let total: (u64, u64) = per_minute
         .values()
         .fold((0, 0), |acc, (s, f)| (acc.0 + s, acc.1 + f));
     html! {
         figure.chart {
             svg viewBox={ "0 0 " (width) " " (height) } preserveAspectRatio="none" role="img"
-                aria-label={ "Runs per minute; peak " (peak) } {
+                aria-label={ "Runs per " (unit) "; peak " (peak) } {
                 @for (slot, (ok, failed)) in &per_minute {
                     @let x = *slot as f64 * 2.0;
                     @let h_ok = *ok as f64 / peak as f64 * height;
                     @let h_failed = *failed as f64 / peak as f64 * height;
-                    @let at = layout::time(start + chrono::Duration::minutes(*slot));
+                    @let at = layout::time(start + chrono::Duration::minutes(*slot * per_bar));
                     g {
                         title { (at) ": " (ok) " succeeded, " (failed) " failed" }
                         rect.ok x=(x) y=(height - h_ok) width="2" height=(h_ok) {}
@@ -154,7 +210,7 @@ fn chart(now: DateTime<Utc>, history: &[MinuteStats]) -> Markup {
                 }
             }
             figcaption {
-                "Peak " (peak) "/min. In all: " (total.0) " succeeded, " (total.1) " failed. "
+                "Peak " (peak) " per " (unit) ". In all: " (total.0) " succeeded, " (total.1) " failed. "
                 span.legend.ok { "succeeded" } " " span.legend.failed { "failed" }
             }
         }
