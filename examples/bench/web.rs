@@ -3,7 +3,8 @@
 //! Fills a fresh database (`JOBS_BENCH_DATABASE_URL`) with `--rows` jobs (2,000,000
 //! unless given) as a busy production table holds them: 20 kinds, 95 % done, 3 % failed
 //! with an error history, 1.5 % pending (a third due, the rest scheduled, priorities 0
-//! to 9), 0.5 % cancelled and 200 running; six hours of throughput history; one
+//! to 9), 0.5 % cancelled and 200 running; a week of throughput history (the most
+//! it keeps: 200,000 rows); one
 //! registered runtime. Then `VACUUM ANALYZE` (what autovacuum would have done on a
 //! server that runs it) and, per page, one warm-up request and `--runs` timed requests
 //! through the dashboard's router in process (no network): the median and the slowest.
@@ -70,7 +71,7 @@ CROSS JOIN LATERAL (SELECT CASE
 INSERT INTO jobs_throughput (kind, minute, succeeded, failed, retried, cancelled, run_time_buckets)
 SELECT 'kind.' || k, date_trunc('minute', now()) - m * interval '1 minute',
        1000 + (m * 37 + k * 11) % 400, (m + k) % 7, (m + k) % 3, 0, '{}'
-FROM generate_series(0, $1 - 1) k, generate_series(0, 359) m
+FROM generate_series(0, $1 - 1) k, generate_series(0, 10079) m
 "#,
     )
     .bind(KINDS)
@@ -84,7 +85,7 @@ FROM generate_series(0, $1 - 1) k, generate_series(0, 359) m
     .execute(pool)
     .await
     .unwrap();
-    sqlx::query("VACUUM ANALYZE jobs")
+    sqlx::query("VACUUM ANALYZE jobs, jobs_throughput")
         .execute(pool)
         .await
         .unwrap();
@@ -116,6 +117,8 @@ pub async fn run(args: &[String]) {
     let app = jobs_web::Dashboard::new(pool.clone()).router();
     let pages = [
         ("overview", "/".to_owned()),
+        ("overview, chart of 6 hours", "/?hours=6".to_owned()),
+        ("overview, chart of a day", "/?hours=24".to_owned()),
         ("jobs, newest", "/jobs".to_owned()),
         ("jobs, failed", "/jobs?state=failed".to_owned()),
         (

@@ -534,12 +534,13 @@ async fn what_the_table_holds_is_escaped_everywhere(pool: PgPool) {
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn the_chart_adds_up_the_throughput_history_of_its_range(pool: PgPool) {
-    // Two kinds in the last hour, one two days ago.
+    // Two kinds in the last hour, one 20 hours ago, one out of every range.
     sqlx::query(
         "INSERT INTO jobs_throughput (kind, minute, succeeded, failed)
          VALUES ('a', date_trunc('minute', now()) - interval '5 minutes', 10, 1),
                 ('b', date_trunc('minute', now()) - interval '5 minutes', 5, 0),
-                ('a', date_trunc('minute', now()) - interval '2 days', 100, 7)",
+                ('a', date_trunc('minute', now()) - interval '20 hours', 100, 7),
+                ('a', date_trunc('minute', now()) - interval '2 days', 1000, 70)",
     )
     .execute(&pool)
     .await
@@ -552,13 +553,13 @@ async fn the_chart_adds_up_the_throughput_history_of_its_range(pool: PgPool) {
         hour.body
     );
     assert!(hour.body.contains("Peak 16 per minute"), "{}", hour.body);
-    let week = get(&app, "/?hours=168", None).await;
+    let day = get(&app, "/?hours=24", None).await;
     assert!(
-        week.body.contains("In all: 115 succeeded, 8 failed."),
+        day.body.contains("In all: 115 succeeded, 8 failed."),
         "{}",
-        week.body
+        day.body
     );
-    assert!(week.body.contains("per 28 minutes"), "{}", week.body);
+    assert!(day.body.contains("Peak 107 per 4 minutes"), "{}", day.body);
     // An unknown range falls back to the default.
     let odd = get(&app, "/?hours=5", None).await;
     assert!(odd.body.contains("In all: 15 succeeded, 1 failed."));
