@@ -50,7 +50,8 @@ pub(crate) struct KindLine {
 }
 
 /// The kinds, one loose index scan per state's partial index (one probe per kind), plus
-/// the paused kinds. `$1` is the cap + 1; each count is bounded by it (per priority for
+/// the paused kinds and the kinds a registered runtime claims (a kind with a handler
+/// and no job yet shows, and can be paused before its first job). `$1` is the cap + 1; each count is bounded by it (per priority for
 /// the pending rows).
 ///
 /// Indexes: `jobs_claim (kind, priority, run_after, id)` for the pending rows, one range
@@ -83,6 +84,7 @@ kd AS ((SELECT kind FROM jobs WHERE state = 'done' ORDER BY kind LIMIT 1)
 kinds AS (
     SELECT kind FROM kp UNION SELECT kind FROM kr UNION SELECT kind FROM kf
     UNION SELECT kind FROM kc UNION SELECT kind FROM kd UNION SELECT kind FROM jobs_paused
+    UNION SELECT unnest(kinds) FROM jobs_runtimes
 )
 SELECT k.kind,
        p.ready, p.ready_capped, p.scheduled, p.scheduled_capped, p.oldest_due,

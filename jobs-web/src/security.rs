@@ -1,11 +1,18 @@
 //! Who may read and who may change: the access token, the token against cross-site
 //! request forgery, and the origin check of every POST.
 //!
-//! Forgery: every page sets a random token in a `SameSite=Strict`, `HttpOnly` cookie
-//! and carries the same token in each of its forms; a POST whose form token differs
-//! from the cookie's is refused (a page of another site can neither read the cookie nor
-//! make the browser send it). A POST whose `Origin` names another host is refused
-//! before its body is read.
+//! Forgery: every page sets a random token in a `SameSite=Lax`, `HttpOnly` cookie and
+//! carries the same token in each of its forms; a POST whose form token differs from
+//! the cookie's is refused (a page of another site can neither read the cookie nor make
+//! the browser send it with a POST). A POST whose `Origin` names another host than the
+//! request's (`Host`, or `X-Forwarded-Host` behind a proxy) is refused before its body
+//! is read. (`Lax`, not `Strict`: a link to the dashboard from elsewhere, a chat or a
+//! ticket, then arrives signed in, with the token its open tabs already carry.)
+//!
+//! Framing: no other site may frame the pages (`frame-ancestors 'none'`, and
+//! `X-Frame-Options` for older browsers), so no page can be overlaid to trick a click;
+//! the content security policy allows only the dashboard's own stylesheet and script,
+//! a second wall behind the escaping.
 
 use axum::extract::{NestedPath, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -64,14 +71,39 @@ fn authorized(dashboard: &crate::Dashboard, headers: &HeaderMap, jar: &CookieJar
             .is_some_and(|c| same(c.value(), token))
 }
 
-/// Whether a POST's `Origin`, when the browser sends one, is this host.
+/// Whether a POST's `Origin`, when the browser sends one, is the host the request was
+/// sent to: its `Host`, or the `X-Forwarded-Host` a reverse proxy sets when it
+/// rewrites `Host`.
 fn same_origin(headers: &HeaderMap) -> bool {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         return true;
     };
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
-    let origin_host = origin.split_once("://").map(|(_, rest)| rest);
-    matches!((origin_host, host), (Some(o), Some(h)) if o.eq_ignore_ascii_case(h))
+    let Some((_, origin_host)) = origin.split_once("://") else {
+        return false;
+    };
+    let value = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let forwarded = value("x-forwarded-host").and_then(|v| v.split(',').next());
+    [value(header::HOST.as_str()), forwarded]
+        .into_iter()
+        .flatten()
+        .any(|host| host.trim().eq_ignore_ascii_case(origin_host))
+}
+
+/// The headers every answer carries: no framing by other sites, only the dashboard's
+/// own assets, no type sniffing, no referrer sent elsewhere.
+fn harden(response: &mut Response) {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+        ),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "same-origin"),
+    ] {
+        headers.insert(name, header::HeaderValue::from_static(value));
+    }
 }
 
 /// Checks the access token and the origin, and hands the page its [`Ctx`] (setting
@@ -91,14 +123,22 @@ pub(crate) async fn guard(
     let path = request.uri().path().to_owned();
     let open = path.starts_with("/assets/") || path == "/login";
     if !open && !authorized(&dashboard, request.headers(), &jar) {
-        return if request.method() == Method::GET {
+        let mut refused = if request.method() == Method::GET {
             Redirect::to(&format!("{prefix}/login")).into_response()
         } else {
             (StatusCode::UNAUTHORIZED, "sign in first").into_response()
         };
+        harden(&mut refused);
+        return refused;
     }
     if request.method() == Method::POST && !same_origin(request.headers()) {
-        return (StatusCode::FORBIDDEN, "cross-origin request refused").into_response();
+        let mut refused = (
+            StatusCode::FORBIDDEN,
+            "cross-origin request refused: the Origin header names another host than the request's (behind a proxy that rewrites Host, have it set X-Forwarded-Host)",
+        )
+            .into_response();
+        harden(&mut refused);
+        return refused;
     }
     let existing = jar
         .get(CSRF_COOKIE)
@@ -113,7 +153,8 @@ pub(crate) async fn guard(
         read_only: dashboard.read_only,
         refresh: dashboard.refresh_seconds,
     });
-    let response = next.run(request).await;
+    let mut response = next.run(request).await;
+    harden(&mut response);
     if existing.is_some() {
         return response;
     }
@@ -121,8 +162,8 @@ pub(crate) async fn guard(
     (CookieJar::new().add(cookie), response).into_response()
 }
 
-/// A cookie of the dashboard's: scoped to its path, never sent by another site's page,
-/// never read by scripts.
+/// A cookie of the dashboard's: scoped to its path, never sent with another site's
+/// POST, never read by scripts.
 pub(crate) fn cookie(name: &'static str, value: String, prefix: &str) -> Cookie<'static> {
     let path = if prefix.is_empty() {
         "/".to_owned()
@@ -132,7 +173,7 @@ pub(crate) fn cookie(name: &'static str, value: String, prefix: &str) -> Cookie<
     Cookie::build((name, value))
         .path(path)
         .http_only(true)
-        .same_site(SameSite::Strict)
+        .same_site(SameSite::Lax)
         .build()
 }
 
@@ -169,6 +210,13 @@ mod tests {
         headers.insert(header::ORIGIN, "https://evil.example".parse().unwrap());
         assert!(!same_origin(&headers));
         headers.insert(header::ORIGIN, "null".parse().unwrap());
+        assert!(!same_origin(&headers));
+        // Behind a proxy that rewrote Host to its upstream.
+        headers.insert(header::ORIGIN, "https://jobs.example.com".parse().unwrap());
+        assert!(!same_origin(&headers));
+        headers.insert("x-forwarded-host", "jobs.example.com".parse().unwrap());
+        assert!(same_origin(&headers));
+        headers.insert("x-forwarded-host", "evil.example".parse().unwrap());
         assert!(!same_origin(&headers));
     }
 }

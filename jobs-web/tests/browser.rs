@@ -91,28 +91,43 @@ async fn serve(dashboard: Dashboard) -> String {
 }
 
 impl Browser {
+    /// Clicks `css`'s element, found again if a refresh replaced it meanwhile.
     async fn click(&self, css: &str) {
-        self.client
-            .wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("no `{css}` on the page: {e}"))
-            .click()
-            .await
-            .unwrap_or_else(|e| panic!("cannot click `{css}`: {e}"));
+        let mut last = String::new();
+        for _ in 0..20 {
+            let element = self
+                .client
+                .wait()
+                .at_most(Duration::from_secs(30))
+                .for_element(Locator::Css(css))
+                .await
+                .unwrap_or_else(|e| panic!("no `{css}` on the page: {e}"));
+            match element.click().await {
+                Ok(_) => return,
+                Err(e) => last = e.to_string(),
+            }
+        }
+        panic!("cannot click `{css}`: {last}");
     }
 
+    /// The text of `css`'s element. A page that refreshes itself may replace the
+    /// element between finding it and reading it: then it is found again.
     async fn text(&self, css: &str) -> String {
-        self.client
-            .wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("no `{css}` on the page: {e}"))
-            .text()
-            .await
-            .unwrap()
+        let mut last = String::new();
+        for _ in 0..20 {
+            let element = self
+                .client
+                .wait()
+                .at_most(Duration::from_secs(30))
+                .for_element(Locator::Css(css))
+                .await
+                .unwrap_or_else(|e| panic!("no `{css}` on the page: {e}"));
+            match element.text().await {
+                Ok(text) => return text,
+                Err(e) => last = e.to_string(),
+            }
+        }
+        panic!("cannot read `{css}`: {last}");
     }
 
     async fn script(&self, js: &str) -> serde_json::Value {

@@ -24,6 +24,13 @@ async fn the_overview_counts_each_kind_by_state(pool: PgPool) {
     insert(&pool, "report.build", "running", None).await;
     insert(&pool, "report.build", "cancelled", None).await;
     jobs::admin::pause(&pool, "idle.kind").await.unwrap();
+    sqlx::query(
+        "INSERT INTO jobs_runtimes (id, host, pid, version, kinds, concurrency)
+         VALUES (gen_random_uuid(), 'h', 1, '0', ARRAY['mail.send', 'new.kind'], 4)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
 
     let page = get(&app(&pool), "/", None).await;
     assert_eq!(page.status, StatusCode::OK);
@@ -49,6 +56,11 @@ async fn the_overview_counts_each_kind_by_state(pool: PgPool) {
     assert!(
         !report.contains("retry-kind"),
         "no failed job, no retry-all: {report}"
+    );
+    let new = row("new.kind");
+    assert!(
+        new.contains("data-action=\"pause\""),
+        "a claimed kind without jobs: {new}"
     );
     let idle = row("idle.kind");
     assert!(idle.contains("paused"), "{idle}");
@@ -345,7 +357,7 @@ async fn a_forged_request_changes_nothing(pool: PgPool) {
             ("confirmed".to_owned(), "yes".to_owned()),
         ]
     };
-    // No cookie (another site's page cannot send it: SameSite=Strict), a token that is
+    // No cookie (another site's POST does not carry it: SameSite=Lax), a token that is
     // not the cookie's, no token at all, and the right token from another origin.
     type Headers<'a> = &'a [(&'a str, &'a str)];
     let evil = [("origin", "https://evil.example")];
@@ -530,6 +542,12 @@ async fn what_the_table_holds_is_escaped_everywhere(pool: PgPool) {
     }
     let job = get(&app, &format!("/jobs/{id}"), None).await;
     assert!(job.body.contains("&lt;script&gt;document.title="));
+    // A second wall: the browser runs no script but the dashboard's own, and no other
+    // site may frame the page.
+    let policy = job.headers["content-security-policy"].to_str().unwrap();
+    assert!(policy.contains("default-src 'self'"), "{policy}");
+    assert!(policy.contains("frame-ancestors 'none'"), "{policy}");
+    assert_eq!(job.headers["x-frame-options"], "DENY");
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
