@@ -26,6 +26,11 @@ fn program(var: &str, default: &str) -> String {
 }
 
 async fn browser() -> Browser {
+    launch(true).await
+}
+
+/// A browser with JavaScript on or off.
+async fn launch(javascript: bool) -> Browser {
     let chromedriver = program("JOBS_WEB_CHROMEDRIVER", "/usr/bin/chromedriver");
     let chromium = program("JOBS_WEB_CHROMIUM", "/usr/bin/chromium");
     for path in [&chromedriver, &chromium] {
@@ -54,6 +59,9 @@ async fn browser() -> Browser {
         "goog:chromeOptions".to_owned(),
         serde_json::json!({
             "binary": chromium,
+            "prefs": {
+                "profile.managed_default_content_settings.javascript": if javascript { 1 } else { 2 },
+            },
             "args": [
                 "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1280,900", format!("--user-data-dir={}", profile.display()),
@@ -305,5 +313,45 @@ async fn pages_refresh_in_place_and_the_theme_switches(pool: PgPool) {
         .script("return document.documentElement.getAttribute('data-theme')")
         .await;
     assert_eq!(theme, again, "remembered across pages");
+    b.close().await;
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn with_javascript_off_every_page_reads_the_same(pool: PgPool) {
+    let id = insert(
+        &pool,
+        "mail.send",
+        "failed",
+        Some("smtp: 550 mailbox unavailable"),
+    )
+    .await;
+    let base = serve(Dashboard::new(pool.clone()).refresh_seconds(1)).await;
+    let b = launch(false).await;
+    b.client.goto(&base).await.unwrap();
+    let ran = b.script("return 1").await;
+    // WebDriver's own scripts still run; the page's do not: its switches stay hidden.
+    assert_eq!(ran, serde_json::json!(1));
+    let hidden = b
+        .script("return document.getElementById('live-toggle').hidden")
+        .await;
+    assert_eq!(
+        hidden,
+        serde_json::json!(true),
+        "the page's script did not run"
+    );
+    b.click("tr[data-kind='mail.send'] td.bad a").await;
+    b.click(&format!("tr[data-id='{id}'] a")).await;
+    assert_eq!(
+        b.text("pre.error-text").await,
+        "smtp: 550 mailbox unavailable"
+    );
+    // The forms work without a script too: the confirmation is a page.
+    b.click("button[data-action='retry']").await;
+    b.click("#confirm").await;
+    assert_eq!(
+        b.text("#outcome").await,
+        format!("job {id} is pending again, claimable now")
+    );
+    assert_eq!(state_of(&pool, id).await.as_deref(), Some("pending"));
     b.close().await;
 }
