@@ -49,39 +49,49 @@ pub(crate) struct KindLine {
     pub paused: bool,
 }
 
+/// A loose index scan over the partial index of one state: the CTE `$name` of the
+/// kinds having rows in `$state`, one index probe per kind (and a last NULL row).
+macro_rules! kinds_in {
+    ($name:literal, $state:literal) => {
+        concat!(
+            $name,
+            " AS ((SELECT kind FROM jobs WHERE state = '",
+            $state,
+            "' ORDER BY kind LIMIT 1)
+       UNION ALL
+       SELECT (SELECT j.kind FROM jobs j WHERE j.state = '",
+            $state,
+            "' AND j.kind > ",
+            $name,
+            ".kind ORDER BY j.kind LIMIT 1)
+       FROM ",
+            $name,
+            " WHERE ",
+            $name,
+            ".kind IS NOT NULL),
+"
+        )
+    };
+}
+
 /// The kinds, one loose index scan per state's partial index (one probe per kind), plus
 /// the paused kinds and the kinds a registered runtime claims (a kind with a handler
-/// and no job yet shows, and can be paused before its first job). `$1` is the cap + 1; each count is bounded by it (per priority for
-/// the pending rows).
+/// and no job yet shows, and can be paused before its first job). `$1` is the cap + 1;
+/// each count is bounded by it (per priority for the pending rows).
 ///
 /// Indexes: `jobs_claim (kind, priority, run_after, id)` for the pending rows, one range
 /// per kind and priority (ready below `now()`, scheduled above, the oldest due at the
 /// start of each ready range); `jobs_running`, `jobs_failed`, `jobs_cancelled`
 /// (`(kind, id)`) and `jobs_done (kind, finished_at)` for the others. Index-only where
 /// the visibility map allows.
-const OVERVIEW: &str = r#"
-WITH RECURSIVE
-kp AS ((SELECT kind FROM jobs WHERE state = 'pending' ORDER BY kind LIMIT 1)
-       UNION ALL
-       SELECT (SELECT j.kind FROM jobs j WHERE j.state = 'pending' AND j.kind > kp.kind ORDER BY j.kind LIMIT 1)
-       FROM kp WHERE kp.kind IS NOT NULL),
-kr AS ((SELECT kind FROM jobs WHERE state = 'running' ORDER BY kind LIMIT 1)
-       UNION ALL
-       SELECT (SELECT j.kind FROM jobs j WHERE j.state = 'running' AND j.kind > kr.kind ORDER BY j.kind LIMIT 1)
-       FROM kr WHERE kr.kind IS NOT NULL),
-kf AS ((SELECT kind FROM jobs WHERE state = 'failed' ORDER BY kind LIMIT 1)
-       UNION ALL
-       SELECT (SELECT j.kind FROM jobs j WHERE j.state = 'failed' AND j.kind > kf.kind ORDER BY j.kind LIMIT 1)
-       FROM kf WHERE kf.kind IS NOT NULL),
-kc AS ((SELECT kind FROM jobs WHERE state = 'cancelled' ORDER BY kind LIMIT 1)
-       UNION ALL
-       SELECT (SELECT j.kind FROM jobs j WHERE j.state = 'cancelled' AND j.kind > kc.kind ORDER BY j.kind LIMIT 1)
-       FROM kc WHERE kc.kind IS NOT NULL),
-kd AS ((SELECT kind FROM jobs WHERE state = 'done' ORDER BY kind LIMIT 1)
-       UNION ALL
-       SELECT (SELECT j.kind FROM jobs j WHERE j.state = 'done' AND j.kind > kd.kind ORDER BY j.kind LIMIT 1)
-       FROM kd WHERE kd.kind IS NOT NULL),
-kinds AS (
+const OVERVIEW: &str = concat!(
+    "WITH RECURSIVE\n",
+    kinds_in!("kp", "pending"),
+    kinds_in!("kr", "running"),
+    kinds_in!("kf", "failed"),
+    kinds_in!("kc", "cancelled"),
+    kinds_in!("kd", "done"),
+    r#"kinds AS (
     SELECT kind FROM kp UNION SELECT kind FROM kr UNION SELECT kind FROM kf
     UNION SELECT kind FROM kc UNION SELECT kind FROM kd UNION SELECT kind FROM jobs_paused
     UNION SELECT unnest(kinds) FROM jobs_runtimes
@@ -117,7 +127,8 @@ CROSS JOIN LATERAL (
 ) p
 WHERE k.kind IS NOT NULL
 ORDER BY k.kind
-"#;
+"#
+);
 
 /// A read-only transaction without JIT compilation. The planner's costs for these
 /// reads grow with the table's estimated size, past the JIT threshold at a few million

@@ -99,8 +99,13 @@ async fn serve(dashboard: Dashboard) -> String {
 }
 
 impl Browser {
-    /// Clicks `css`'s element, found again if a refresh replaced it meanwhile.
-    async fn click(&self, css: &str) {
+    /// Runs `act` on `css`'s element; a page that refreshes itself may replace the
+    /// element between finding it and acting on it, and then it is found again.
+    async fn on<T, F, Fut>(&self, css: &str, act: F) -> T
+    where
+        F: Fn(fantoccini::elements::Element) -> Fut,
+        Fut: std::future::Future<Output = Result<T, fantoccini::error::CmdError>>,
+    {
         let mut last = String::new();
         for _ in 0..20 {
             let element = self
@@ -110,32 +115,21 @@ impl Browser {
                 .for_element(Locator::Css(css))
                 .await
                 .unwrap_or_else(|e| panic!("no `{css}` on the page: {e}"));
-            match element.click().await {
-                Ok(_) => return,
+            match act(element).await {
+                Ok(value) => return value,
                 Err(e) => last = e.to_string(),
             }
         }
-        panic!("cannot click `{css}`: {last}");
+        panic!("`{css}` kept going stale: {last}");
     }
 
-    /// The text of `css`'s element. A page that refreshes itself may replace the
-    /// element between finding it and reading it: then it is found again.
+    async fn click(&self, css: &str) {
+        self.on(css, |e| async move { e.click().await.map(drop) })
+            .await
+    }
+
     async fn text(&self, css: &str) -> String {
-        let mut last = String::new();
-        for _ in 0..20 {
-            let element = self
-                .client
-                .wait()
-                .at_most(Duration::from_secs(30))
-                .for_element(Locator::Css(css))
-                .await
-                .unwrap_or_else(|e| panic!("no `{css}` on the page: {e}"));
-            match element.text().await {
-                Ok(text) => return text,
-                Err(e) => last = e.to_string(),
-            }
-        }
-        panic!("cannot read `{css}`: {last}");
+        self.on(css, |e| async move { e.text().await }).await
     }
 
     async fn script(&self, js: &str) -> serde_json::Value {

@@ -133,6 +133,28 @@ fn ids(body: &str) -> Vec<i64> {
         .collect()
 }
 
+/// The ids of every page of a listing, following its next links from `start`.
+async fn every_page(app: &Router, start: &str) -> Vec<i64> {
+    let mut seen = Vec::new();
+    let mut next = Some(start.to_owned());
+    while let Some(url) = next {
+        let page = get(app, &url, None).await;
+        assert_eq!(page.status, StatusCode::OK, "{url}: {}", page.body);
+        seen.extend(ids(&page.body));
+        next = next_link(&page.body);
+    }
+    seen
+}
+
+/// The pages that show a job: the overview, its page, the failed list.
+fn pages_of(id: i64) -> [String; 3] {
+    [
+        "/".to_owned(),
+        format!("/jobs/{id}"),
+        "/jobs?state=failed".to_owned(),
+    ]
+}
+
 /// The next page's link, unescaped.
 fn next_link(body: &str) -> Option<String> {
     let at = body.find("rel=\"next\"")?;
@@ -164,26 +186,13 @@ async fn listings_page_by_keyset_without_gaps_or_repeats(pool: PgPool) {
             failed.iter().copied().skip(1).step_by(2).collect(),
         ),
     ] {
-        let mut seen = Vec::new();
-        let mut next = Some(start.to_owned());
-        while let Some(url) = next {
-            let page = get(&app, &url, None).await;
-            assert_eq!(page.status, StatusCode::OK, "{url}");
-            seen.extend(ids(&page.body));
-            next = next_link(&page.body);
-        }
+        let seen = every_page(&app, start).await;
         let mut want = expected;
         want.reverse();
         assert_eq!(seen, want, "{start}: newest first, every job once");
     }
     // Unfiltered: every row, newest first.
-    let mut seen = Vec::new();
-    let mut next = Some("/jobs".to_owned());
-    while let Some(url) = next {
-        let page = get(&app, &url, None).await;
-        seen.extend(ids(&page.body));
-        next = next_link(&page.body);
-    }
+    let seen = every_page(&app, "/jobs").await;
     assert_eq!(seen.len(), 240);
     assert!(seen.windows(2).all(|w| w[0] > w[1]));
 }
@@ -207,15 +216,10 @@ async fn pending_jobs_list_by_run_time_across_priorities(pool: PgPool) {
     expected.sort();
     let expected: Vec<i64> = expected.into_iter().map(|(_, id)| id).collect();
     let app = app(&pool);
-    let mut seen = Vec::new();
-    let mut next = Some("/jobs?state=pending&order=run".to_owned());
-    while let Some(url) = next {
-        let page = get(&app, &url, None).await;
-        assert_eq!(page.status, StatusCode::OK, "{url}: {}", page.body);
-        seen.extend(ids(&page.body));
-        next = next_link(&page.body);
-    }
-    assert_eq!(seen, expected);
+    assert_eq!(
+        every_page(&app, "/jobs?state=pending&order=run").await,
+        expected
+    );
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
@@ -396,11 +400,7 @@ async fn a_forged_request_changes_nothing(pool: PgPool) {
 async fn read_only_shows_no_action_and_refuses_every_change(pool: PgPool) {
     let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
     let app = Dashboard::new(pool.clone()).read_only(true).router();
-    for path in [
-        "/".to_owned(),
-        format!("/jobs/{id}"),
-        "/jobs?state=failed".to_owned(),
-    ] {
+    for path in pages_of(id) {
         let page = get(&app, &path, None).await;
         assert_eq!(page.status, StatusCode::OK);
         assert!(
@@ -525,11 +525,7 @@ async fn what_the_table_holds_is_escaped_everywhere(pool: PgPool) {
     )
     .await;
     let app = app(&pool);
-    for path in [
-        "/".to_owned(),
-        format!("/jobs/{id}"),
-        "/jobs?state=failed".to_owned(),
-    ] {
+    for path in pages_of(id) {
         let page = get(&app, &path, None).await;
         assert_eq!(page.status, StatusCode::OK);
         assert!(
