@@ -17,7 +17,20 @@ use sqlx::PgPool;
 /// A chromedriver process and a headless Chromium session through it.
 struct Browser {
     client: Client,
-    _driver: tokio::process::Child,
+    driver: tokio::process::Child,
+}
+
+impl Drop for Browser {
+    /// Chromedriver runs in a process group of its own, which the browser it starts
+    /// joins: a test that panics before [`Browser::close`] still leaves no browser
+    /// behind.
+    fn drop(&mut self) {
+        if let Some(pid) = self.driver.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .status();
+        }
+    }
 }
 
 /// The program `name`, from `JOBS_WEB_<NAME>` or the usual Debian path.
@@ -50,6 +63,7 @@ async fn launch(javascript: bool) -> Browser {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
+        .process_group(0)
         .spawn()
         .expect("start chromedriver");
     let url = format!("http://127.0.0.1:{port}");
@@ -78,10 +92,7 @@ async fn launch(javascript: bool) -> Browser {
             .await
         {
             Ok(client) => {
-                return Browser {
-                    client,
-                    _driver: driver,
-                };
+                return Browser { client, driver };
             }
             Err(e) => last_error = e.to_string(),
         }
@@ -137,7 +148,7 @@ impl Browser {
     }
 
     async fn close(self) {
-        let _ = self.client.close().await;
+        let _ = self.client.clone().close().await;
     }
 }
 
