@@ -130,22 +130,26 @@ ORDER BY k.kind
 "#
 );
 
-/// A read-only transaction without JIT compilation. The planner's costs for these
+/// A read-only transaction without JIT compilation, and the database's clock. The planner's costs for these
 /// reads grow with the table's estimated size, past the JIT threshold at a few million
 /// rows, where compiling takes half a second and the read itself a few milliseconds
 /// (measured: the overview at 2 million rows, 540 ms with JIT, under 80 without).
-async fn reading(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET TRANSACTION READ ONLY")
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("SET LOCAL jit = off").execute(&mut *tx).await?;
-    Ok(tx)
+async fn reading(
+    pool: &PgPool,
+) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, DateTime<Utc>), sqlx::Error> {
+    let mut tx = pool.begin_with("BEGIN READ ONLY").await?;
+    // The setting and the database's clock (every relative time on a page is measured
+    // against it) in one round trip.
+    let (_, now): (String, DateTime<Utc>) =
+        sqlx::query_as("SELECT set_config('jit', 'off', true), now()")
+            .fetch_one(&mut *tx)
+            .await?;
+    Ok((tx, now))
 }
 
 /// Every kind's line of the overview, in kind order.
 pub(crate) async fn overview(pool: &PgPool) -> Result<Vec<KindLine>, sqlx::Error> {
-    let mut tx = reading(pool).await?;
+    let (mut tx, _) = reading(pool).await?;
     let rows = sqlx::query(OVERVIEW)
         .bind(COUNT_CAP + 1)
         .bind(i32::from(jobs::MAX_PRIORITY))
@@ -202,6 +206,10 @@ macro_rules! list_columns {
         "j.id, j.kind, j.key, j.state, j.attempts, j.max_attempts, j.priority, \
          j.run_after, j.created_at, j.finished_at, left(j.last_error, 200) AS error"
     };
+}
+
+fn list_rows(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<ListRow>, sqlx::Error> {
+    rows.iter().map(list_row).collect()
 }
 
 fn list_row(row: &sqlx::postgres::PgRow) -> Result<ListRow, sqlx::Error> {
@@ -322,16 +330,16 @@ LIMIT $6
 /// The highest and lowest ids (two probes of the primary key).
 const ID_RANGE: &str = "SELECT (SELECT max(id) FROM jobs), (SELECT min(id) FROM jobs)";
 
-/// One page of the jobs `filter` selects, from `cursor`.
+/// One page of the jobs `filter` selects, from `cursor`, and the database's clock.
 pub(crate) async fn list(
     pool: &PgPool,
     filter: &Filter,
     cursor: Cursor,
-) -> Result<Page, sqlx::Error> {
-    let mut tx = reading(pool).await?;
+) -> Result<(DateTime<Utc>, Page), sqlx::Error> {
+    let (mut tx, now) = reading(pool).await?;
     let page = list_in(&mut tx, filter, cursor).await?;
     tx.commit().await?;
-    Ok(page)
+    Ok((now, page))
 }
 
 async fn list_in(
@@ -353,16 +361,7 @@ async fn list_in(
             .bind(i32::from(jobs::MAX_PRIORITY))
             .fetch_all(&mut *tx)
             .await?;
-        let rows = rows.iter().map(list_row).collect::<Result<Vec<_>, _>>()?;
-        let next = (rows.len() as i64 == PAGE).then(|| Cursor {
-            before: None,
-            after_run: rows.last().map(|r| (r.run_after, r.id)),
-        });
-        return Ok(Page {
-            rows,
-            next,
-            searched_down_to: None,
-        });
+        return Ok(Page::keyset(list_rows(&rows)?, true));
     }
     if filter.key.is_none() && indexed_state {
         let rows = sqlx::query(BY_STATE_NEWEST)
@@ -372,16 +371,7 @@ async fn list_in(
             .bind(PAGE)
             .fetch_all(&mut *tx)
             .await?;
-        let rows = rows.iter().map(list_row).collect::<Result<Vec<_>, _>>()?;
-        let next = (rows.len() as i64 == PAGE).then(|| Cursor {
-            before: rows.last().map(|r| r.id),
-            after_run: None,
-        });
-        return Ok(Page {
-            rows,
-            next,
-            searched_down_to: None,
-        });
+        return Ok(Page::keyset(list_rows(&rows)?, false));
     }
     let (max, min): (Option<i64>, Option<i64>) =
         sqlx::query_as(ID_RANGE).fetch_one(&mut *tx).await?;
@@ -405,17 +395,9 @@ async fn list_in(
         .bind(PAGE)
         .fetch_all(&mut *tx)
         .await?;
-    let rows = rows.iter().map(list_row).collect::<Result<Vec<_>, _>>()?;
+    let rows = list_rows(&rows)?;
     if rows.len() as i64 == PAGE {
-        let next = Cursor {
-            before: rows.last().map(|r| r.id),
-            after_run: None,
-        };
-        return Ok(Page {
-            rows,
-            next: Some(next),
-            searched_down_to: None,
-        });
+        return Ok(Page::keyset(rows, false));
     }
     // Fewer than a page: the window is exhausted. Older ids may still match.
     let more = filtered && low > min;
@@ -425,8 +407,34 @@ async fn list_in(
             before: Some(low),
             after_run: None,
         }),
-        searched_down_to: (filtered && more).then_some(low),
+        searched_down_to: more.then_some(low),
     })
+}
+
+impl Page {
+    /// A page read through an index in the listing's order: when full, the next page
+    /// starts after its last row (by run time, or by id).
+    fn keyset(rows: Vec<ListRow>, by_run_time: bool) -> Page {
+        let next = match rows.last() {
+            Some(last) if rows.len() as i64 == PAGE => Some(if by_run_time {
+                Cursor {
+                    before: None,
+                    after_run: Some((last.run_after, last.id)),
+                }
+            } else {
+                Cursor {
+                    before: Some(last.id),
+                    after_run: None,
+                }
+            }),
+            _ => None,
+        };
+        Page {
+            rows,
+            next,
+            searched_down_to: None,
+        }
+    }
 }
 
 /// Succeeded and failed runs per bar of `$2` minutes since `$1`, all kinds together.
@@ -463,7 +471,7 @@ pub(crate) async fn chart(
     start: DateTime<Utc>,
     per_bar: i64,
 ) -> Result<Vec<Bar>, sqlx::Error> {
-    let mut tx = reading(pool).await?;
+    let (mut tx, _) = reading(pool).await?;
     let bars = sqlx::query_as(CHART)
         .bind(start)
         .bind(per_bar as f64)

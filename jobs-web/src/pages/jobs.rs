@@ -96,12 +96,7 @@ pub(crate) async fn page(
         before: params.before,
         after_run,
     };
-    let read = async {
-        let now = super::db_now(&dash.pool).await?;
-        let page = queries::list(&dash.pool, &filter, cursor).await?;
-        Ok::<_, sqlx::Error>((now, page))
-    };
-    match read.await {
+    match queries::list(&dash.pool, &filter, cursor).await {
         Ok((now, page)) => {
             let nav = if filter.state == Some(JobState::Failed) && filter.kind.is_none() {
                 Nav::Failed
