@@ -118,6 +118,12 @@ pub(crate) async fn complete_batch(
     Ok(written)
 }
 
+/// The most completions written in one round, and how many may wait for the next one
+/// (the channel's bound). At 40,000 jobs/s a round of one millisecond's commit carries
+/// about 40; while a commit waits on a slow disk (a WAL flush of 100 ms or more), the
+/// next round carries all that finished meanwhile.
+pub(crate) const MAX_BATCH: usize = 2_000;
+
 /// How long the completer keeps its connection with nothing to write.
 const HOLD: Duration = Duration::from_millis(100);
 
@@ -152,7 +158,7 @@ async fn flush_throughput(
 /// batch was being written. A database error is retried with backoff: a completion is
 /// never dropped while the runtime lives (and if it is lost with the process, the job
 /// runs again after its lease, which is what at-least-once allows). The channel is
-/// bounded: executors wait when the completer is behind.
+/// bounded ([`MAX_BATCH`]): executors wait when that many wait for the completer.
 ///
 /// Each claim's flight is removed once its completion is written or refused, so the
 /// heartbeat renews the claim until then. A completion that sends its job back to
@@ -165,7 +171,6 @@ pub(crate) async fn run(
     answer_within: Duration,
     throughput: Arc<super::throughput::Throughput>,
 ) {
-    const MAX_BATCH: usize = 2_000;
     let mut batch = Vec::with_capacity(256);
     // Completions whose row was locked, tried again with the next round.
     let mut waiting: Vec<Completion> = Vec::new();

@@ -249,7 +249,10 @@ impl Runtime {
             }
         }
 
-        let (completions, completions_rx) = mpsc::channel(self.concurrency.clamp(16, 4096) * 2);
+        // Room for a full round of completions, whatever the concurrency: an executor
+        // that finds the channel full keeps its slot until there is room, so a small
+        // channel caps each completion round (and, while a commit is slow, the rate).
+        let (completions, completions_rx) = mpsc::channel(completer::MAX_BATCH);
         let wake = Arc::new(Notify::new());
         let (stop_tx, stop_rx) = watch::channel(false);
         let (hard_tx, hard_rx) = watch::channel(false);
