@@ -126,7 +126,7 @@ struct Cluster {
     port: u16,
 }
 
-fn bin(name: &str) -> String {
+pub(super) fn bin(name: &str) -> String {
     let out = Command::new("pg_config").arg("--bindir").output();
     match out {
         Ok(o) if o.status.success() => {
@@ -138,7 +138,7 @@ fn bin(name: &str) -> String {
 
 /// Runs a server binary, as the `postgres` user when this process is root (the server
 /// refuses to run as root).
-fn as_server(program: &str, args: &[&str]) -> std::process::ExitStatus {
+pub(super) fn as_server(program: &str, args: &[&str]) -> std::process::ExitStatus {
     let root = Command::new("id")
         .arg("-u")
         .output()

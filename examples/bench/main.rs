@@ -4,6 +4,7 @@
 //! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w2 w3 w4 w5]
 //! cargo run --release --example bench -- horizon [--held 600] [--holder xid|readers]
 //! cargo run --release --example bench -- web [--rows 2000000] [--runs 9]
+//! cargo run --release --example bench -- failover [--rate 500] [--before 20] [--down 2] [--after 30]
 //! ```
 //!
 //! Each workload runs on a freshly created database (`JOBS_BENCH_DATABASE_URL`, default
@@ -21,6 +22,7 @@ use sqlx::migrate::MigrateDatabase;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres};
 
+mod failover;
 mod horizon;
 mod web;
 
@@ -498,6 +500,10 @@ async fn main() {
         let (options, rest) = horizon::Options::parse(&args[1..]);
         assert!(rest.is_empty(), "unknown arguments to horizon: {rest:?}");
         horizon::run(options).await;
+        return;
+    }
+    if args.first().map(String::as_str) == Some("failover") {
+        failover::run(failover::Options::parse(&args[1..])).await;
         return;
     }
     if args.first().map(String::as_str) == Some("web") {
