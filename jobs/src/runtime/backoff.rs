@@ -2,6 +2,14 @@
 
 use std::time::Duration;
 
+/// The longest wait between two attempts at the runtime's claims and completions while
+/// the database does not answer. A failed attempt costs a refused connection, so a
+/// short cap costs the database little, and once it is back (a restart, a failover)
+/// the runtime is at full speed within this long: with a cap of 30 s, a claim loop that
+/// had backed off there waited up to 30 s after the database returned, while its
+/// backlog grew.
+pub(crate) const OUTAGE_MAX: Duration = Duration::from_millis(500);
+
 /// Doubling delays from `base` up to `max`.
 #[derive(Debug, Clone)]
 pub(crate) struct Backoff {

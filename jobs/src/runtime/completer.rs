@@ -227,7 +227,7 @@ pub(crate) async fn run(
             }
             continue;
         }
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+        let mut backoff = Backoff::new(Duration::from_millis(100), super::backoff::OUTAGE_MAX);
         loop {
             let write = async {
                 let c = match &mut conn {

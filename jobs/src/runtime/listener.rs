@@ -24,7 +24,7 @@ pub(crate) const PAUSE_CHANNEL: &str = "jobs_paused";
 pub(crate) const CANCEL_CHANNEL: &str = "jobs_cancel";
 
 pub(super) async fn run(shared: Arc<Shared>) {
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
     loop {
         let mut listener = match connect(&shared).await {
             Ok(listener) => listener,
@@ -35,10 +35,11 @@ pub(super) async fn run(shared: Arc<Shared>) {
                 continue;
             }
         };
-        backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         // Notifications may have been missed: catch up, paused kinds included.
         shared.paused_changed.store(true, Ordering::Release);
         shared.wake.notify_one();
+        shared.reconnected.notify_one();
         loop {
             match listener.try_recv().await {
                 Ok(Some(notification)) => {

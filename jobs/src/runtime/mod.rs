@@ -225,8 +225,7 @@ impl Runtime {
         // The job table must be there, at this library's version: say so at once
         // rather than retry forever. An unreachable database is waited out.
         tokio::pin!(shutdown);
-        let mut backoff =
-            backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        let mut backoff = backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         loop {
             match crate::migrate::check(&db).await {
                 Ok(()) => break,
@@ -279,6 +278,7 @@ impl Runtime {
             stopping: stop_rx.clone(),
             slot_freed: Notify::new(),
             wake: wake.clone(),
+            reconnected: Notify::new(),
             paused_changed: std::sync::atomic::AtomicBool::new(false),
             flights: flights.clone(),
             completions,
@@ -604,6 +604,9 @@ pub(crate) struct Shared {
     slot_freed: Notify,
     /// Work may be claimable: a notification arrived or claims were rescued.
     wake: Arc<Notify>,
+    /// The listener connected again after losing its connection: the database may be
+    /// back, so a claim loop waiting out an outage tries at once.
+    reconnected: Notify,
     /// A kind was paused or resumed (a notification): read the paused kinds again.
     paused_changed: std::sync::atomic::AtomicBool,
     /// Claims held under a heartbeat lease, by claim token (one job may be claimed
