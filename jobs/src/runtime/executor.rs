@@ -415,7 +415,7 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
         return;
     }
     let lease = job.config.lease_length();
-    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+    let mut backoff = Backoff::new(Duration::from_millis(50), super::backoff::OUTAGE_MAX);
     loop {
         let result = super::answer_within(
             shared.answer_within,
