@@ -227,7 +227,7 @@ pub(crate) async fn run(
             }
             continue;
         }
-        let mut backoff = Backoff::new(Duration::from_millis(100), super::backoff::OUTAGE_MAX);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         loop {
             let write = async {
                 let c = match &mut conn {
@@ -276,7 +276,7 @@ pub(crate) async fn run(
                 }
                 Err(e) => {
                     conn = None; // it may be broken: take a fresh one
-                    let wait = backoff.next();
+                    let wait = backoff.after(&e);
                     tracing::warn!(error = %e, retry_in = ?wait, jobs = batch.len(), "cannot write job completions; retrying");
                     tokio::time::sleep(wait).await;
                 }

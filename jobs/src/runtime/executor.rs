@@ -415,7 +415,7 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
         return;
     }
     let lease = job.config.lease_length();
-    let mut backoff = Backoff::new(Duration::from_millis(50), super::backoff::OUTAGE_MAX);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
     loop {
         let result = super::answer_within(
             shared.answer_within,
@@ -442,7 +442,7 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
                     tracing::warn!(error = %e, "cannot write the job's outcome and its lease has run out; it will be rescued");
                     break;
                 }
-                let wait = backoff.next();
+                let wait = backoff.after(&e);
                 tracing::warn!(error = %e, retry_in = ?wait, "cannot write the job's outcome; retrying");
                 tokio::time::sleep(wait).await;
             }

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
-use super::backoff::{Backoff, OUTAGE_MAX};
+use super::backoff::Backoff;
 use super::executor::{self, Claimed};
 use super::{Shared, observe};
 use crate::enqueue::millis;
@@ -59,7 +59,7 @@ pub(super) async fn run(
     executors: Executors,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut backoff = Backoff::new(Duration::from_millis(100), OUTAGE_MAX);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
     let mut poll = tokio::time::interval(shared.poll_interval);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let periodic: Vec<&'static HandlerInfo> = shared
@@ -187,11 +187,11 @@ pub(super) async fn run(
         match claimed {
             Ok(filled) => {
                 more = filled;
-                backoff = Backoff::new(Duration::from_millis(100), OUTAGE_MAX);
+                backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
             }
             Err(e) => {
                 conn = None; // it may be broken: take a fresh one next time
-                let wait = backoff.next();
+                let wait = backoff.after(&e);
                 tracing::warn!(error = %e, retry_in = ?wait, "cannot claim jobs; retrying");
                 // The listener's reconnection (the database is back) ends the wait.
                 tokio::select! {
