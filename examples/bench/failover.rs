@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::horizon::{as_server, bin};
+use super::horizon::{as_server, bin, fresh_dir, start_server};
 
 /// One job of the soak, numbered by the producer.
 #[derive(Job, Serialize, Deserialize)]
@@ -106,54 +106,8 @@ struct Node {
 }
 
 impl Node {
-    fn dir(port: u16) -> std::path::PathBuf {
-        std::env::temp_dir().join(format!("jobs-bench-failover-{port}"))
-    }
-
-    /// A fresh directory for the server on `port`, owned by the server's user.
-    fn fresh(port: u16) -> std::path::PathBuf {
-        let dir = Node::dir(port);
-        if dir.join("data/postmaster.pid").exists() {
-            as_server(
-                &bin("pg_ctl"),
-                &[
-                    "-D",
-                    dir.join("data").to_str().unwrap(),
-                    "-m",
-                    "immediate",
-                    "stop",
-                ],
-            );
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let _ = std::process::Command::new("chown")
-            .args(["postgres:postgres", dir.to_str().unwrap()])
-            .status();
-        dir
-    }
-
     fn start(data: std::path::PathBuf, port: u16, settings: &[&str]) -> Node {
-        let dir = data.parent().unwrap().to_owned();
-        let mut opts = format!("-p {port} -k {}", dir.to_str().unwrap());
-        for s in settings {
-            opts.push_str(&format!(" -c {s}"));
-        }
-        let log = dir.join("server.log");
-        let ok = as_server(
-            &bin("pg_ctl"),
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-o",
-                &opts,
-                "-l",
-                log.to_str().unwrap(),
-                "-w",
-                "start",
-            ],
-        );
-        assert!(ok.success(), "the server on port {port} did not start");
+        start_server(&data, port, settings);
         Node { data, port }
     }
 
@@ -248,7 +202,7 @@ impl Proxy {
 
 pub async fn run(o: Options) {
     let (p_port, s_port) = (5497u16, 5498u16);
-    let p_dir = Node::fresh(p_port);
+    let p_dir = fresh_dir("failover", p_port);
     let p_data = p_dir.join("data");
     let ok = as_server(
         &bin("initdb"),
@@ -264,7 +218,7 @@ pub async fn run(o: Options) {
     );
     assert!(ok.success(), "initdb failed");
     let primary = Node::start(p_data, p_port, &[SETTINGS, &[SYNCHRONOUS]].concat());
-    let s_dir = Node::fresh(s_port);
+    let s_dir = fresh_dir("failover", s_port);
     let s_data = s_dir.join("data");
     let ok = as_server(
         &bin("pg_basebackup"),

@@ -153,53 +153,74 @@ pub(super) fn as_server(program: &str, args: &[&str]) -> std::process::ExitStatu
     cmd.args(args).status().expect("run a PostgreSQL binary")
 }
 
-impl Cluster {
-    fn start(port: u16) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("jobs-bench-horizon-{port}"));
-        // A server an earlier, interrupted run left behind.
-        if dir.join("data/postmaster.pid").exists() {
-            as_server(
-                &bin("pg_ctl"),
-                &[
-                    "-D",
-                    dir.join("data").to_str().unwrap(),
-                    "-m",
-                    "immediate",
-                    "stop",
-                ],
-            );
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let _ = Command::new("chown")
-            .args(["postgres:postgres", dir.to_str().unwrap()])
-            .status();
-        let data = dir.join("data");
-        let data = data.to_str().unwrap();
-        let ok = as_server(
-            &bin("initdb"),
-            &["-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-        );
-        assert!(ok.success(), "initdb failed");
-        let mut opts = format!("-p {port} -k {}", dir.to_str().unwrap());
-        for s in SETTINGS {
-            opts.push_str(&format!(" -c {s}"));
-        }
-        let log = dir.join("server.log");
-        let ok = as_server(
+/// A fresh, empty directory `jobs-bench-{name}-{port}` for a server of the benchmark's
+/// own, owned by the server's user; a server an earlier, interrupted run left running
+/// there is stopped first.
+pub(super) fn fresh_dir(name: &str, port: u16) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("jobs-bench-{name}-{port}"));
+    if dir.join("data/postmaster.pid").exists() {
+        as_server(
             &bin("pg_ctl"),
             &[
                 "-D",
-                data,
-                "-o",
-                &opts,
-                "-l",
-                log.to_str().unwrap(),
-                "-w",
-                "start",
+                dir.join("data").to_str().unwrap(),
+                "-m",
+                "immediate",
+                "stop",
             ],
         );
-        assert!(ok.success(), "the benchmark's cluster did not start");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let _ = Command::new("chown")
+        .args(["postgres:postgres", dir.to_str().unwrap()])
+        .status();
+    dir
+}
+
+/// Starts the server of `data` on `port` with `settings` (`name=value`), its socket and
+/// `server.log` in `data`'s parent, and waits until it accepts connections.
+pub(super) fn start_server(data: &std::path::Path, port: u16, settings: &[&str]) {
+    let dir = data.parent().unwrap();
+    let mut opts = format!("-p {port} -k {}", dir.to_str().unwrap());
+    for s in settings {
+        opts.push_str(&format!(" -c {s}"));
+    }
+    let log = dir.join("server.log");
+    let ok = as_server(
+        &bin("pg_ctl"),
+        &[
+            "-D",
+            data.to_str().unwrap(),
+            "-o",
+            &opts,
+            "-l",
+            log.to_str().unwrap(),
+            "-w",
+            "start",
+        ],
+    );
+    assert!(ok.success(), "the server on port {port} did not start");
+}
+
+impl Cluster {
+    fn start(port: u16) -> Cluster {
+        let dir = fresh_dir("horizon", port);
+        let data = dir.join("data");
+        let ok = as_server(
+            &bin("initdb"),
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+            ],
+        );
+        assert!(ok.success(), "initdb failed");
+        start_server(&data, port, SETTINGS);
         Cluster { dir, port }
     }
 

@@ -32,10 +32,14 @@ impl Backoff {
     }
 
     /// The delay to wait after `error`: [`Backoff::next`], but at most [`OUTAGE_MAX`]
-    /// when the error says the database is out of reach.
+    /// when the error says the database is out of reach. A server short of resources
+    /// (SQLSTATE class 53: too many connections, disk full) is not hurried: every
+    /// replica retrying twice a second would add to what it is short of.
     pub(crate) fn after(&mut self, error: &sqlx::Error) -> Duration {
         let wait = self.next();
-        if crate::migrate::is_transient(error) {
+        let short_of_resources = matches!(error, sqlx::Error::Database(db)
+            if db.code().is_some_and(|code| code.starts_with("53")));
+        if crate::migrate::is_transient(error) && !short_of_resources {
             wait.min(OUTAGE_MAX)
         } else {
             wait
@@ -60,5 +64,46 @@ mod tests {
             .map(|_| refused.after(&sqlx::Error::RowNotFound))
             .collect();
         assert_eq!(waits[9], Duration::from_secs(30), "{waits:?}");
+        // A server shutting down or starting up (class 57) is an outage; one with too
+        // many connections (class 53) is not hurried.
+        for (code, cap) in [("57P01", OUTAGE_MAX), ("53300", Duration::from_secs(30))] {
+            let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+            let e = sqlx::Error::Database(Box::new(Coded(code)));
+            let last = (0..10).map(|_| b.after(&e)).last().unwrap();
+            assert_eq!(last, cap, "{code}");
+        }
+    }
+
+    /// A database error with a SQLSTATE, as the server would send it.
+    #[derive(Debug)]
+    struct Coded(&'static str);
+
+    impl std::fmt::Display for Coded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "error {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Coded {}
+
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            "test"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
     }
 }
