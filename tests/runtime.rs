@@ -1353,6 +1353,11 @@ async fn claims_held_ahead_of_a_slot_that_does_not_free_go_to_another_runtime(po
         runs(&pool, "stuck").await == 3_300
     })
     .await;
+    // A handler records its run before its completion is written.
+    wait_until("their completions written", || async {
+        count(&pool, "running").await <= 1
+    })
+    .await;
     assert_eq!(
         count(&pool, "running").await,
         1,

@@ -351,6 +351,18 @@ pub async fn drain_with(pool: &PgPool, options: Drain) -> Result<Drained, Error>
                     .fetch_one(&watcher)
                     .await;
                 if let Ok(false) = busy {
+                    // A failure that committed between the two statements above left
+                    // its retry scheduled: with nothing running now, one more pass
+                    // finds every such job.
+                    if options.scheduled {
+                        let made = sqlx::query(crate::sql::MAKE_DUE)
+                            .bind(&scheduled)
+                            .execute(&watcher)
+                            .await;
+                        if made.is_ok_and(|m| m.rows_affected() > 0) {
+                            continue;
+                        }
+                    }
                     return;
                 }
             }
