@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::horizon::{as_server, bin, fresh_dir, start_server};
+use super::horizon::{as_server, bin, fresh_dir, init_cluster, start_server, stop_immediately};
 
 /// One job of the soak, numbered by the producer.
 #[derive(Job, Serialize, Deserialize)]
@@ -117,10 +117,7 @@ impl Node {
 
     /// Kills every server process at once, as a crash would (no shutdown checkpoint).
     fn crash(&self) {
-        as_server(
-            &bin("pg_ctl"),
-            &["-D", self.data.to_str().unwrap(), "-m", "immediate", "stop"],
-        );
+        stop_immediately(&self.data);
     }
 }
 
@@ -204,19 +201,7 @@ pub async fn run(o: Options) {
     let (p_port, s_port) = (5497u16, 5498u16);
     let p_dir = fresh_dir("failover", p_port);
     let p_data = p_dir.join("data");
-    let ok = as_server(
-        &bin("initdb"),
-        &[
-            "-D",
-            p_data.to_str().unwrap(),
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-E",
-            "UTF8",
-        ],
-    );
-    assert!(ok.success(), "initdb failed");
+    init_cluster(&p_data);
     let primary = Node::start(p_data, p_port, &[SETTINGS, &[SYNCHRONOUS]].concat());
     let s_dir = fresh_dir("failover", s_port);
     let s_data = s_dir.join("data");

@@ -159,16 +159,7 @@ pub(super) fn as_server(program: &str, args: &[&str]) -> std::process::ExitStatu
 pub(super) fn fresh_dir(name: &str, port: u16) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("jobs-bench-{name}-{port}"));
     if dir.join("data/postmaster.pid").exists() {
-        as_server(
-            &bin("pg_ctl"),
-            &[
-                "-D",
-                dir.join("data").to_str().unwrap(),
-                "-m",
-                "immediate",
-                "stop",
-            ],
-        );
+        stop_immediately(&dir.join("data"));
     }
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -176,6 +167,32 @@ pub(super) fn fresh_dir(name: &str, port: u16) -> std::path::PathBuf {
         .args(["postgres:postgres", dir.to_str().unwrap()])
         .status();
     dir
+}
+
+/// Stops the server of `data` at once, as a crash would: every server process killed,
+/// no shutdown checkpoint.
+pub(super) fn stop_immediately(data: &std::path::Path) {
+    as_server(
+        &bin("pg_ctl"),
+        &["-D", data.to_str().unwrap(), "-m", "immediate", "stop"],
+    );
+}
+
+/// Creates a cluster in `data`: superuser `postgres`, trust authentication, UTF8.
+pub(super) fn init_cluster(data: &std::path::Path) {
+    let ok = as_server(
+        &bin("initdb"),
+        &[
+            "-D",
+            data.to_str().unwrap(),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+        ],
+    );
+    assert!(ok.success(), "initdb failed");
 }
 
 /// Starts the server of `data` on `port` with `settings` (`name=value`), its socket and
@@ -207,19 +224,7 @@ impl Cluster {
     fn start(port: u16) -> Cluster {
         let dir = fresh_dir("horizon", port);
         let data = dir.join("data");
-        let ok = as_server(
-            &bin("initdb"),
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-            ],
-        );
-        assert!(ok.success(), "initdb failed");
+        init_cluster(&data);
         start_server(&data, port, SETTINGS);
         Cluster { dir, port }
     }
