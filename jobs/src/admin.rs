@@ -548,7 +548,7 @@ where
         Order::NewestFirst => LIST_NEWEST,
         Order::OldestFirst => LIST_OLDEST,
     };
-    let rows = sqlx::query(sql)
+    let rows = crate::pooler::query(sql)
         .bind(filter.state.map(JobState::as_str))
         .bind(filter.kind.as_deref())
         .bind(filter.after_id)
@@ -563,7 +563,10 @@ pub async fn get<'e, E>(executor: E, id: i64) -> Result<Option<JobRow>, Error>
 where
     E: PgExecutor<'e>,
 {
-    let row = sqlx::query(GET).bind(id).fetch_optional(executor).await?;
+    let row = crate::pooler::query(GET)
+        .bind(id)
+        .fetch_optional(executor)
+        .await?;
     row.as_ref().map(JobRow::from_row).transpose()
 }
 
@@ -595,7 +598,7 @@ pub async fn retry<'e, E>(executor: E, id: i64) -> Result<Retried, Error>
 where
     E: PgExecutor<'e>,
 {
-    let row: Option<(i64, Option<i64>)> = sqlx::query_as(RETRY)
+    let row: Option<(i64, Option<i64>)> = crate::pooler::query_as(RETRY)
         .bind(id)
         .bind(None::<&str>)
         .fetch_optional(executor)
@@ -634,7 +637,7 @@ pub async fn retry_kind<'e, E>(executor: E, kind: &str) -> Result<RetriedKind, E
 where
     E: PgExecutor<'e>,
 {
-    let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(RETRY)
+    let rows: Vec<(i64, Option<i64>)> = crate::pooler::query_as(RETRY)
         .bind(None::<i64>)
         .bind(kind)
         .fetch_all(executor)
@@ -683,7 +686,7 @@ pub async fn cancel<'e, E>(executor: E, id: i64) -> Result<Cancelled, Error>
 where
     E: PgExecutor<'e>,
 {
-    let row: Option<(i64, String, i64)> = sqlx::query_as(CANCEL)
+    let row: Option<(i64, String, i64)> = crate::pooler::query_as(CANCEL)
         .bind(id)
         .fetch_optional(executor)
         .await?;
@@ -701,7 +704,7 @@ pub async fn discard<'e, E>(executor: E, id: i64) -> Result<(), Error>
 where
     E: PgExecutor<'e>,
 {
-    let row: Option<i64> = sqlx::query_scalar(DISCARD)
+    let row: Option<i64> = crate::pooler::query_scalar(DISCARD)
         .bind(id)
         .fetch_optional(executor)
         .await?;
@@ -749,7 +752,7 @@ where
     E: PgExecutor<'e>,
 {
     type StatsRow = (String, i64, i64, i64, i64, i64, i64, Option<i64>, bool);
-    let rows: Vec<StatsRow> = sqlx::query_as(STATS).fetch_all(executor).await?;
+    let rows: Vec<StatsRow> = crate::pooler::query_as(STATS).fetch_all(executor).await?;
     Ok(rows
         .into_iter()
         .map(
@@ -796,13 +799,17 @@ where
     let mut conn = conn.acquire().await?;
     let kinds: Vec<String> = match kind {
         Some(kind) => vec![kind.to_owned()],
-        None => sqlx::query_scalar(DONE_KINDS).fetch_all(&mut *conn).await?,
+        None => {
+            crate::pooler::query_scalar(DONE_KINDS)
+                .fetch_all(&mut *conn)
+                .await?
+        }
     };
     let older_ms = crate::enqueue::millis(older_than);
     let mut deleted = 0;
     for kind in &kinds {
         loop {
-            let n = sqlx::query(PRUNE_BATCH)
+            let n = crate::pooler::query(PRUNE_BATCH)
                 .bind(kind)
                 .bind(batch)
                 .bind(older_ms)
@@ -831,8 +838,8 @@ pub(crate) enum Retained {
 
 /// One bounded batch of the retention prune of `which` rows of `kind` finished more than
 /// `older_than` ago; returns how many rows it deleted.
-pub(crate) async fn prune_batch<'e, E: PgExecutor<'e>>(
-    executor: E,
+pub(crate) async fn prune_batch(
+    pool: &sqlx::PgPool,
     which: Retained,
     kind: &str,
     older_than: Duration,
@@ -843,13 +850,16 @@ pub(crate) async fn prune_batch<'e, E: PgExecutor<'e>>(
         Retained::Failed => PRUNE_FAILED_BATCH,
         Retained::Cancelled => PRUNE_CANCELLED_BATCH,
     };
-    Ok(sqlx::query(statement)
-        .bind(kind)
-        .bind(batch)
-        .bind(crate::enqueue::millis(older_than))
-        .execute(executor)
-        .await?
-        .rows_affected())
+    Ok(crate::pooler::alone!(
+        pool,
+        crate::pooler::query(statement)
+            .bind(kind)
+            .bind(batch)
+            .bind(crate::enqueue::millis(older_than)),
+        execute
+    )
+    .await?
+    .rows_affected())
 }
 
 /// A row count from the database, never negative.
@@ -903,7 +913,7 @@ async fn notified<'e, E>(executor: E, statement: &'static str, kind: &str) -> Re
 where
     E: PgExecutor<'e>,
 {
-    let n: i64 = sqlx::query_scalar(statement)
+    let n: i64 = crate::pooler::query_scalar(statement)
         .bind(kind)
         .fetch_one(executor)
         .await?;
@@ -915,7 +925,7 @@ pub async fn paused<'e, E>(executor: E) -> Result<Vec<(String, DateTime<Utc>)>, 
 where
     E: PgExecutor<'e>,
 {
-    Ok(sqlx::query_as(PAUSED).fetch_all(executor).await?)
+    Ok(crate::pooler::query_as(PAUSED).fetch_all(executor).await?)
 }
 
 /// The runtimes registered, oldest first, each with how many jobs it holds claimed.
@@ -961,7 +971,7 @@ pub async fn runtimes<'e, E>(executor: E) -> Result<Vec<RuntimeRow>, Error>
 where
     E: PgExecutor<'e>,
 {
-    let rows = sqlx::query(RUNTIMES).fetch_all(executor).await?;
+    let rows = crate::pooler::query(RUNTIMES).fetch_all(executor).await?;
     rows.iter()
         .map(|row| {
             Ok(RuntimeRow {
@@ -1063,7 +1073,7 @@ where
     E: PgExecutor<'e>,
 {
     type Row = (String, DateTime<Utc>, i64, i64, i64, i64, Vec<i64>);
-    let rows: Vec<Row> = sqlx::query_as(THROUGHPUT)
+    let rows: Vec<Row> = crate::pooler::query_as(THROUGHPUT)
         .bind(kind)
         .bind(crate::enqueue::millis(window))
         .fetch_all(executor)

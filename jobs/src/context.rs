@@ -169,10 +169,12 @@ impl JobContext {
     /// # }
     /// ```
     pub async fn previous_errors(&self) -> Result<Vec<crate::AttemptError>, JobError> {
-        let row = sqlx::query(crate::history::HISTORY)
-            .bind(self.inner.id)
-            .fetch_optional(&self.inner.pool)
-            .await?;
+        let row = crate::pooler::alone!(
+            &self.inner.pool,
+            crate::pooler::query(crate::history::HISTORY).bind(self.inner.id),
+            fetch_optional
+        )
+        .await?;
         Ok(match row {
             Some(row) => crate::history::from_row(&row)?,
             None => Vec::new(),
@@ -225,12 +227,15 @@ impl JobContext {
         }
         let json = serde_json::to_string(value)
             .map_err(|e| JobError::permanent(format!("the checkpoint does not serialize: {e}")))?;
-        let stored: Option<i64> = sqlx::query_scalar(crate::sql::CHECKPOINT)
-            .bind(self.inner.id)
-            .bind(self.inner.token)
-            .bind(json)
-            .fetch_optional(&self.inner.pool)
-            .await?;
+        let stored: Option<i64> = crate::pooler::alone!(
+            &self.inner.pool,
+            crate::pooler::query_scalar(crate::sql::CHECKPOINT)
+                .bind(self.inner.id)
+                .bind(self.inner.token)
+                .bind(json),
+            fetch_optional
+        )
+        .await?;
         stored.map(drop).ok_or_else(JobError::lease_lost)
     }
 
@@ -242,10 +247,12 @@ impl JobContext {
         &self,
     ) -> Result<Option<T>, JobError> {
         let stored: Option<Option<sqlx::types::Json<Box<serde_json::value::RawValue>>>> =
-            sqlx::query_scalar(crate::sql::LAST_CHECKPOINT)
-                .bind(self.inner.id)
-                .fetch_optional(&self.inner.pool)
-                .await?;
+            crate::pooler::alone!(
+                &self.inner.pool,
+                crate::pooler::query_scalar(crate::sql::LAST_CHECKPOINT).bind(self.inner.id),
+                fetch_optional
+            )
+            .await?;
         match stored.flatten() {
             None => Ok(None),
             Some(raw) => serde_json::from_str(raw.get()).map(Some).map_err(|e| {
@@ -338,7 +345,7 @@ impl JobContext {
         let mut tx = self.inner.pool.begin().await?;
         // Until the row is locked the heartbeat keeps renewing the claim (the lock may
         // take a while: an application's transaction can hold the row).
-        let locked: Option<(i64,)> = sqlx::query_as(crate::sql::FENCE)
+        let locked: Option<(i64,)> = crate::pooler::query_as(crate::sql::FENCE)
             .bind(self.inner.id)
             .bind(self.inner.token)
             .fetch_optional(&mut *tx)

@@ -273,7 +273,7 @@ pub(crate) async fn insert_one<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     job: NewJob,
 ) -> Result<Enqueued, Error> {
-    let (id, inserted, state): (i64, bool, String) = sqlx::query_as(sql::ENQUEUE_ONE)
+    let (id, inserted, state): (i64, bool, String) = crate::pooler::query_as(sql::ENQUEUE_ONE)
         .bind(job.kind)
         .bind(job.key)
         .bind(job.payload)
@@ -457,7 +457,7 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
     notify.dedup();
     notify.retain(|kind| notify_now(kind));
     let returned: Vec<(i64, String, Option<String>, bool, String)> =
-        sqlx::query_as(sql::ENQUEUE_MANY)
+        crate::pooler::query_as(sql::ENQUEUE_MANY)
             .bind(&kinds)
             .bind(&keys)
             .bind(&payloads)

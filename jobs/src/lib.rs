@@ -328,6 +328,7 @@ mod error;
 mod history;
 mod job;
 mod migrate;
+mod pooler;
 mod registry;
 mod runtime;
 mod sql;
@@ -392,6 +393,7 @@ pub use jobs_macros::Job;
 #[doc(inline)]
 pub use jobs_macros::handler;
 pub use migrate::{MIGRATIONS_TABLE, MIGRATOR, migrate};
+pub use pooler::behind_transaction_pooler;
 pub use runtime::{RUNTIME_CONNECTIONS, RunCounts, Runtime, run};
 
 /// The sqlx this library is built on (0.9), re-exported: a pool made with `jobs::sqlx`

@@ -52,19 +52,23 @@ pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
 /// Checks, before a runtime starts, that the job table exists at the version of this
 /// library's migrations, and says what to do when it does not.
 pub(crate) async fn check(db: &sqlx::PgPool) -> Result<(), Error> {
-    let (database, has_table, has_history): (String, bool, bool) = sqlx::query_as(
-        "SELECT current_database()::text, to_regclass('jobs') IS NOT NULL, \
-         to_regclass('_jobs_migrations') IS NOT NULL",
+    let (database, has_table, has_history): (String, bool, bool) = crate::pooler::alone!(
+        db,
+        crate::pooler::query_as(
+            "SELECT current_database()::text, to_regclass('jobs') IS NOT NULL, \
+             to_regclass('_jobs_migrations') IS NOT NULL"
+        ),
+        fetch_one
     )
-    .fetch_one(db)
     .await?;
     if !has_table || !has_history {
         return Err(crate::error::no_job_table(Some(&database)));
     }
-    let applied: Option<i64> = match sqlx::query_scalar(
-        "SELECT max(version) FROM _jobs_migrations WHERE success",
+    let applied: Option<i64> = match crate::pooler::alone!(
+        db,
+        crate::pooler::query_scalar("SELECT max(version) FROM _jobs_migrations WHERE success"),
+        fetch_one
     )
-    .fetch_one(db)
     .await
     {
         Ok(applied) => applied,

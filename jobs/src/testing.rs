@@ -128,7 +128,7 @@ pub struct Undeserializable {
 pub async fn enqueued_rows<'e, J: Job>(
     executor: impl sqlx::PgExecutor<'e>,
 ) -> Result<EnqueuedJobs<J>, Error> {
-    let rows: Vec<(i64, String)> = sqlx::query_as(crate::sql::LIVE_PAYLOADS)
+    let rows: Vec<(i64, String)> = crate::pooler::query_as(crate::sql::LIVE_PAYLOADS)
         .bind(J::KIND)
         .fetch_all(executor)
         .await?;
@@ -229,11 +229,12 @@ pub async fn perform<J: Job>(pool: &PgPool, job: &J) -> Result<(), JobError> {
             enqueued.id
         )));
     }
-    let claimed: Option<(i32, i32, Uuid, String, i64)> = sqlx::query_as(crate::sql::CLAIM_ID)
-        .bind(enqueued.id)
-        .bind(crate::enqueue::millis(handler.config.lease_length()))
-        .fetch_optional(pool)
-        .await?;
+    let claimed: Option<(i32, i32, Uuid, String, i64)> =
+        crate::pooler::query_as(crate::sql::CLAIM_ID)
+            .bind(enqueued.id)
+            .bind(crate::enqueue::millis(handler.config.lease_length()))
+            .fetch_optional(pool)
+            .await?;
     let Some((attempts, max_attempts, token, payload, now_us)) = claimed else {
         return Err(JobError::permanent(format!(
             "job {} was claimed by someone else first (a runtime runs over this database)",
@@ -330,7 +331,9 @@ pub async fn drain_with(pool: &PgPool, options: Drain) -> Result<Drained, Error>
         .map(|h| h.kind)
         .collect();
     // The database's time, which the failures are compared with.
-    let started: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    let started: DateTime<Utc> = crate::pooler::query_scalar("SELECT now()")
+        .fetch_one(pool)
+        .await?;
     let runtime = Runtime::new(pool.clone())
         .poll_interval(Duration::from_millis(10))
         .rescue_interval(Duration::from_millis(50));
@@ -341,21 +344,22 @@ pub async fn drain_with(pool: &PgPool, options: Drain) -> Result<Drained, Error>
             loop {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 if options.scheduled {
-                    let _ = sqlx::query(crate::sql::MAKE_DUE)
+                    let _ = crate::pooler::query(crate::sql::MAKE_DUE)
                         .bind(&scheduled)
                         .execute(&watcher)
                         .await;
                 }
-                let busy: Result<bool, sqlx::Error> = sqlx::query_scalar(crate::sql::ANY_DUE)
-                    .bind(&watched)
-                    .fetch_one(&watcher)
-                    .await;
+                let busy: Result<bool, sqlx::Error> =
+                    crate::pooler::query_scalar(crate::sql::ANY_DUE)
+                        .bind(&watched)
+                        .fetch_one(&watcher)
+                        .await;
                 if let Ok(false) = busy {
                     // A failure that committed between the two statements above left
                     // its retry scheduled: with nothing running now, one more pass
                     // finds every such job.
                     if options.scheduled {
-                        let made = sqlx::query(crate::sql::MAKE_DUE)
+                        let made = crate::pooler::query(crate::sql::MAKE_DUE)
                             .bind(&scheduled)
                             .execute(&watcher)
                             .await;
@@ -368,7 +372,7 @@ pub async fn drain_with(pool: &PgPool, options: Drain) -> Result<Drained, Error>
             }
         })
         .await?;
-    let rows = sqlx::query(crate::sql::FAILED_SINCE)
+    let rows = crate::pooler::query(crate::sql::FAILED_SINCE)
         .bind(&kinds)
         .bind(started.timestamp_micros() as f64 / 1e6)
         .fetch_all(pool)

@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::Flight;
 use crate::context::Inner;
+use crate::pooler::alone;
 use crate::runtime::backoff::Backoff;
 use crate::sql;
 
@@ -82,11 +83,14 @@ pub(crate) async fn complete_batch(
     if !delete.is_empty() {
         let ids: Vec<i64> = delete.iter().map(|c| c.id).collect();
         let tokens: Vec<Uuid> = delete.iter().map(|c| c.token).collect();
-        let deleted: Vec<(i64,)> = sqlx::query_as(sql::COMPLETE_DELETE)
-            .bind(&ids)
-            .bind(&tokens)
-            .fetch_all(&mut *conn)
-            .await?;
+        let deleted: Vec<(i64,)> = alone!(
+            &mut *conn,
+            crate::pooler::query_as(sql::COMPLETE_DELETE)
+                .bind(&ids)
+                .bind(&tokens),
+            fetch_all
+        )
+        .await?;
         written.done.extend(deleted.into_iter().map(|(id,)| id));
     }
     let rest: Vec<&Completion> = batch
@@ -98,13 +102,16 @@ pub(crate) async fn complete_batch(
         let tokens: Vec<Uuid> = rest.iter().map(|c| c.token).collect();
         let every: Vec<Option<i64>> = rest.iter().map(|c| c.every_ms).collect();
         let keep: Vec<bool> = rest.iter().map(|c| c.keep).collect();
-        let kept: Vec<(i64, bool, bool)> = sqlx::query_as(sql::COMPLETE_KEEP)
-            .bind(&ids)
-            .bind(&tokens)
-            .bind(&every)
-            .bind(&keep)
-            .fetch_all(&mut *conn)
-            .await?;
+        let kept: Vec<(i64, bool, bool)> = alone!(
+            &mut *conn,
+            crate::pooler::query_as(sql::COMPLETE_KEEP)
+                .bind(&ids)
+                .bind(&tokens)
+                .bind(&every)
+                .bind(&keep),
+            fetch_all
+        )
+        .await?;
         for (id, done, held) in kept {
             if done {
                 // Of a kind without history, only a re-run mark completes here.

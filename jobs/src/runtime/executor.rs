@@ -264,7 +264,7 @@ async fn commit_transaction(job: &Inner, outcome: Outcome) -> Outcome {
     }
     let mut tx = tx;
     let result: Result<bool, sqlx::Error> = async {
-        let locked: Option<(i64,)> = sqlx::query_as(sql::FENCE)
+        let locked: Option<(i64,)> = crate::pooler::query_as(sql::FENCE)
             .bind(job.id)
             .bind(job.token)
             .fetch_optional(&mut *tx)
@@ -452,8 +452,8 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
 }
 
 /// Writes a failure, snooze or hand-back. Returns whether the claim was still current.
-async fn write_outcome<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
+async fn write_outcome(
+    pool: &sqlx::PgPool,
     job: &Inner,
     outcome: &Outcome,
 ) -> Result<bool, sqlx::Error> {
@@ -468,35 +468,41 @@ async fn write_outcome<'e, E: sqlx::PgExecutor<'e>>(
                 (true, _) => format!("permanent: {message}"),
                 (false, _) => message.clone(),
             };
-            sqlx::query(sql::FAIL)
-                .bind(job.id)
-                .bind(job.token)
-                .bind(message)
-                .bind(permanent)
-                .bind(millis(job.config.backoff_after(job.attempt)))
-                .bind(job.next_run_ms())
-                .bind(kind.as_str())
-                .execute(executor)
-                .await?
+            crate::pooler::alone!(
+                pool,
+                crate::pooler::query(sql::FAIL)
+                    .bind(job.id)
+                    .bind(job.token)
+                    .bind(message)
+                    .bind(permanent)
+                    .bind(millis(job.config.backoff_after(job.attempt)))
+                    .bind(job.next_run_ms())
+                    .bind(kind.as_str()),
+                execute
+            )
+            .await?
         }
-        Outcome::Snooze(delay) => release(executor, job, millis(*delay)).await?,
-        Outcome::Stopped => release(executor, job, 0).await?,
+        Outcome::Snooze(delay) => release(pool, job, millis(*delay)).await?,
+        Outcome::Stopped => release(pool, job, 0).await?,
         Outcome::Succeeded | Outcome::LeaseLost | Outcome::Cancelled => return Ok(true),
     };
     Ok(rows.rows_affected() > 0)
 }
 
-async fn release<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
+async fn release(
+    pool: &sqlx::PgPool,
     job: &Inner,
     delay_ms: i64,
 ) -> Result<sqlx::postgres::PgQueryResult, sqlx::Error> {
-    sqlx::query(sql::RELEASE)
-        .bind(job.id)
-        .bind(job.token)
-        .bind(delay_ms)
-        .execute(executor)
-        .await
+    crate::pooler::alone!(
+        pool,
+        crate::pooler::query(sql::RELEASE)
+            .bind(job.id)
+            .bind(job.token)
+            .bind(delay_ms),
+        execute
+    )
+    .await
 }
 
 /// Runs the handler of the claimed job `id` once, inline, with no runtime around it

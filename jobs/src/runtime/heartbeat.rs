@@ -63,7 +63,7 @@ pub(super) fn spawn(beat: Beat) -> std::io::Result<std::thread::JoinHandle<()>> 
 async fn connect(beat: &Beat) -> Result<PgConnection, sqlx::Error> {
     let mut conn = beat.connect.connect().await?;
     if let Some(path) = &beat.search_path {
-        sqlx::query("SELECT set_config('search_path', $1, false)")
+        crate::pooler::query("SELECT set_config('search_path', $1, false)")
             .bind(path)
             .execute(&mut conn)
             .await?;
@@ -120,12 +120,15 @@ async fn run(beat: &Beat) {
                 }
             }
             let c = conn.as_mut().expect("connected above");
-            sqlx::query_as(sql::RENEW)
-                .bind(&ids)
-                .bind(&tokens)
-                .bind(&leases)
-                .fetch_all(c)
-                .await
+            crate::pooler::alone!(
+                c,
+                crate::pooler::query_as(sql::RENEW)
+                    .bind(&ids)
+                    .bind(&tokens)
+                    .bind(&leases),
+                fetch_all
+            )
+            .await
         };
         let result: Result<Vec<(Uuid, bool, bool, bool)>, sqlx::Error> =
             match tokio::time::timeout(shortest / 2, renewal).await {

@@ -296,12 +296,16 @@ impl Runtime {
             self.statement_timeout,
             throughput,
         ));
-        #[allow(unused_mut)]
         let mut background = vec![
-            tokio::spawn(listener::run(shared.clone())),
             tokio::spawn(rescuer::run(shared.clone(), self.rescue_interval)),
             tokio::spawn(rescuer::prune(shared.clone(), self.retain_failed)),
         ];
+        // Behind a transaction pooler a `LISTEN` hears nothing for long (its server
+        // connection is lent to others): poll only. A cancelled running job is then
+        // dropped at the next renewal instead of at once.
+        if !crate::pooler::behind() {
+            background.push(tokio::spawn(listener::run(shared.clone())));
+        }
         #[cfg(feature = "metrics")]
         background.push(tokio::spawn(observe::run(shared.clone())));
         background.push(tokio::spawn(presence::run(
@@ -319,13 +323,19 @@ impl Runtime {
             .unwrap_or(crate::Lease::TRANSACTION_LEASE);
         // The heartbeat's connection is made from the pool's connect options, without
         // the pool's connect hooks: carry over a search_path that a hook may have set.
-        let search_path: Option<String> = tokio::time::timeout(
-            Duration::from_secs(5),
-            sqlx::query_scalar("SELECT current_setting('search_path')").fetch_one(&shared.db),
-        )
-        .await
-        .ok()
-        .and_then(Result::ok);
+        // (Behind a transaction pooler a session's settings do not carry over: none.)
+        let search_path: Option<String> = if crate::pooler::behind() {
+            None
+        } else {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                crate::pooler::query_scalar("SELECT current_setting('search_path')")
+                    .fetch_one(&shared.db),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok)
+        };
         let beat = match heartbeat::spawn(heartbeat::Beat {
             flights: shared.flights.clone(),
             connect: (*self.pool.connect_options()).clone(),

@@ -74,11 +74,12 @@ pub(super) async fn run(shared: std::sync::Arc<super::Shared>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let rows: Result<Vec<(String, i64, Option<f64>)>, sqlx::Error> =
-            sqlx::query_as(crate::sql::LAG_DEPTH)
-                .bind(&kinds)
-                .fetch_all(&shared.db)
-                .await;
+        let rows: Result<Vec<(String, i64, Option<f64>)>, sqlx::Error> = crate::pooler::alone!(
+            &shared.db,
+            crate::pooler::query_as(crate::sql::LAG_DEPTH).bind(&kinds),
+            fetch_all
+        )
+        .await;
         match rows {
             Ok(rows) => {
                 for (kind, depth, lag) in rows {

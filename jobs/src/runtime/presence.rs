@@ -59,15 +59,18 @@ fn host() -> String {
 pub(super) async fn run(shared: Arc<Shared>, me: Registration) {
     let mut last_stale: Option<std::time::Instant> = None;
     loop {
-        let seen = sqlx::query(sql::RUNTIME_SEEN)
-            .bind(me.id)
-            .bind(me.name.as_deref())
-            .bind(&me.host)
-            .bind(me.pid)
-            .bind(env!("CARGO_PKG_VERSION"))
-            .bind(&me.kinds)
-            .bind(me.concurrency)
-            .execute(&shared.db);
+        let seen = crate::pooler::alone!(
+            &shared.db,
+            crate::pooler::query(sql::RUNTIME_SEEN)
+                .bind(me.id)
+                .bind(me.name.as_deref())
+                .bind(&me.host)
+                .bind(me.pid)
+                .bind(env!("CARGO_PKG_VERSION"))
+                .bind(&me.kinds)
+                .bind(me.concurrency),
+            execute
+        );
         if let Err(e) =
             super::answer_within(shared.answer_within, "the runtime's presence", seen).await
         {
@@ -75,9 +78,11 @@ pub(super) async fn run(shared: Arc<Shared>, me: Registration) {
         }
         if last_stale.is_none_or(|at| at.elapsed() >= STALE_EVERY) {
             last_stale = Some(std::time::Instant::now());
-            let stale = sqlx::query(sql::RUNTIMES_STALE)
-                .bind(millis(STALE_AFTER))
-                .execute(&shared.db);
+            let stale = crate::pooler::alone!(
+                &shared.db,
+                crate::pooler::query(sql::RUNTIMES_STALE).bind(millis(STALE_AFTER)),
+                execute
+            );
             match super::answer_within(shared.answer_within, "the stale runtimes", stale).await {
                 Ok(r) if r.rows_affected() > 0 => {
                     tracing::info!(
@@ -95,7 +100,11 @@ pub(super) async fn run(shared: Arc<Shared>, me: Registration) {
 
 /// Removes the runtime's row at a clean shutdown (best effort, bounded).
 pub(super) async fn gone(db: &PgPool, id: Uuid) {
-    let delete = sqlx::query(sql::RUNTIME_GONE).bind(id).execute(db);
+    let delete = crate::pooler::alone!(
+        db,
+        crate::pooler::query(sql::RUNTIME_GONE).bind(id),
+        execute
+    );
     if let Err(e) =
         super::answer_within(Duration::from_secs(5), "the runtime's removal", delete).await
     {

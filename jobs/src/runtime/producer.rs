@@ -220,9 +220,12 @@ impl Paused {
                 Some(c) => c,
                 None => conn.insert(shared.db.acquire().await?),
             };
-            sqlx::query_scalar::<_, String>(sql::PAUSED_KINDS)
-                .fetch_all(&mut **c)
-                .await
+            crate::pooler::alone!(
+                &mut **c,
+                crate::pooler::query_scalar::<_, String>(sql::PAUSED_KINDS),
+                fetch_all
+            )
+            .await
         };
         self.read_at = Some(Instant::now());
         match super::answer_within(shared.answer_within, "the paused kinds", query).await {
@@ -352,10 +355,12 @@ async fn next_due(
             Some(c) => c,
             None => conn.insert(shared.db.acquire().await?),
         };
-        sqlx::query_scalar::<_, Option<f64>>(sql::NEXT_DUE)
-            .bind(&kinds)
-            .fetch_one(&mut **c)
-            .await
+        crate::pooler::alone!(
+            &mut **c,
+            crate::pooler::query_scalar::<_, Option<f64>>(sql::NEXT_DUE).bind(&kinds),
+            fetch_one
+        )
+        .await
     };
     match super::answer_within(shared.answer_within, "the next due time", query).await {
         Ok(seconds) => seconds.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0))),
@@ -430,15 +435,18 @@ async fn claim(
         (false, false) => sql::CLAIM_FROM,
     };
     let started = Instant::now();
-    let rows: Vec<ClaimRow> = sqlx::query_as(statement)
-        .bind(&kinds)
-        .bind(&limits)
-        .bind(&leases)
-        .bind(i32::try_from(want).unwrap_or(i32::MAX))
-        .bind(&from)
-        .bind(shared.runtime_id)
-        .fetch_all(&mut **claimer)
-        .await?;
+    let rows: Vec<ClaimRow> = crate::pooler::alone!(
+        &mut **claimer,
+        crate::pooler::query_as(statement)
+            .bind(&kinds)
+            .bind(&limits)
+            .bind(&leases)
+            .bind(i32::try_from(want).unwrap_or(i32::MAX))
+            .bind(&from)
+            .bind(shared.runtime_id),
+        fetch_all
+    )
+    .await?;
     if full {
         floors.last_full = Some(Instant::now());
         floors.full_took = started.elapsed();
@@ -494,9 +502,12 @@ async fn arm_periodic(shared: &Shared, periodic: &[&'static HandlerInfo]) -> boo
     // Cron kinds are armed at their next fire time, computed from the database's clock.
     let mut db_now_us = None;
     if periodic.iter().any(|h| h.config.cron.is_some()) {
-        match sqlx::query_scalar::<_, i64>(sql::DB_NOW)
-            .fetch_one(&shared.db)
-            .await
+        match crate::pooler::alone!(
+            &shared.db,
+            crate::pooler::query_scalar::<_, i64>(sql::DB_NOW),
+            fetch_one
+        )
+        .await
         {
             Ok(now) => db_now_us = Some(now),
             Err(e) => {
@@ -522,16 +533,19 @@ async fn arm_periodic(shared: &Shared, periodic: &[&'static HandlerInfo]) -> boo
             }
             None => continue,
         };
-        let result = sqlx::query(sql::ARM_PERIODIC)
-            .bind(info.kind)
-            .bind(payload)
-            .bind(i32::try_from(info.config.max_attempts).unwrap_or(i32::MAX))
-            .bind(sql::PERIODIC_KEY)
-            .bind(period_ms)
-            .bind(due_ms)
-            .bind(info.config.priority)
-            .execute(&shared.db)
-            .await;
+        let result = crate::pooler::alone!(
+            &shared.db,
+            crate::pooler::query(sql::ARM_PERIODIC)
+                .bind(info.kind)
+                .bind(payload)
+                .bind(i32::try_from(info.config.max_attempts).unwrap_or(i32::MAX))
+                .bind(sql::PERIODIC_KEY)
+                .bind(period_ms)
+                .bind(due_ms)
+                .bind(info.config.priority),
+            execute
+        )
+        .await;
         match result {
             Ok(r) if r.rows_affected() > 0 => {
                 tracing::debug!(job.kind = info.kind, "armed periodic job");

@@ -34,9 +34,11 @@ pub(super) async fn run(shared: Arc<Shared>, every: Duration) {
         let rows: Result<Vec<(i64, String, String)>, sqlx::Error> = super::answer_within(
             shared.answer_within,
             "the rescue",
-            sqlx::query_as(sql::RESCUE)
-                .bind(BATCH)
-                .fetch_all(&shared.db),
+            crate::pooler::alone!(
+                &shared.db,
+                crate::pooler::query_as(sql::RESCUE).bind(BATCH),
+                fetch_all
+            ),
         )
         .await;
         // A failed rescue says nothing about how long one takes.
@@ -65,9 +67,12 @@ pub(super) async fn run(shared: Arc<Shared>, every: Duration) {
 /// loop. Replicas pruning at once take disjoint rows (`SKIP LOCKED`).
 pub(super) async fn prune(shared: Arc<Shared>, retain_failed: Option<Duration>) {
     loop {
-        if let Err(e) = sqlx::query(crate::sql::THROUGHPUT_PRUNE)
-            .execute(&shared.db)
-            .await
+        if let Err(e) = crate::pooler::alone!(
+            &shared.db,
+            crate::pooler::query(crate::sql::THROUGHPUT_PRUNE),
+            execute
+        )
+        .await
         {
             tracing::debug!(error = %e, "cannot prune the throughput history");
         }

@@ -115,16 +115,19 @@ impl Throughput {
             .iter()
             .map(|(_, t)| serde_json::to_string(&t.buckets).unwrap_or_else(|_| "[]".into()))
             .collect();
-        let result = sqlx::query(sql::THROUGHPUT_ADD)
-            .bind(&kinds)
-            .bind(&minutes)
-            .bind(column(|t| t.succeeded))
-            .bind(column(|t| t.failed))
-            .bind(column(|t| t.retried))
-            .bind(column(|t| t.cancelled))
-            .bind(&buckets)
-            .execute(conn)
-            .await;
+        let result = crate::pooler::alone!(
+            conn,
+            crate::pooler::query(sql::THROUGHPUT_ADD)
+                .bind(&kinds)
+                .bind(&minutes)
+                .bind(column(|t| t.succeeded))
+                .bind(column(|t| t.failed))
+                .bind(column(|t| t.retried))
+                .bind(column(|t| t.cancelled))
+                .bind(&buckets),
+            execute
+        )
+        .await;
         if let Err(e) = result {
             let mut pending = self.pending.lock().expect("lock poisoned");
             for (key, tally) in taken {
