@@ -9,7 +9,9 @@
 //!
 //! Each workload runs on a freshly created database (`JOBS_BENCH_DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/jobs_bench`). Prints a table and one JSON line
-//! per result; figures are medians of `--runs` runs.
+//! per result; figures are medians of `--runs` runs. With `JOBS_BENCH_POOLER_URL` (the
+//! same database through a pooler in transaction mode), the runtimes connect through it,
+//! after `jobs::behind_transaction_pooler()`; the setup stays direct.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,10 +88,11 @@ async fn fresh_database(max_connections: u32) -> PgPool {
     pool
 }
 
+/// A pool for runtimes: through the pooler of `JOBS_BENCH_POOLER_URL` when it is set.
 async fn pool(max_connections: u32) -> PgPool {
     PgPoolOptions::new()
         .max_connections(max_connections)
-        .connect(&url())
+        .connect(&std::env::var("JOBS_BENCH_POOLER_URL").unwrap_or_else(|_| url()))
         .await
         .unwrap()
 }
@@ -275,8 +278,13 @@ async fn drain(pool: &PgPool, n: u32, concurrency: usize) -> (f64, f64) {
     DONE.store(0, Ordering::SeqCst);
     let cpu = cpu_seconds();
     let watcher = pool.clone();
+    let runtime_pool = if std::env::var_os("JOBS_BENCH_POOLER_URL").is_some() {
+        self::pool(12).await
+    } else {
+        pool.clone()
+    };
     let t = Instant::now();
-    Runtime::new(pool.clone())
+    Runtime::new(runtime_pool)
         .kinds(["bench.noop"])
         .concurrency(concurrency)
         .run_until(async move {
@@ -492,6 +500,9 @@ async fn child() {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if std::env::var_os("JOBS_BENCH_POOLER_URL").is_some() {
+        jobs::behind_transaction_pooler();
+    }
     if args.first().map(String::as_str) == Some("--child") {
         child().await;
         return;
