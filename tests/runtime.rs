@@ -1199,6 +1199,98 @@ async fn the_claim_from_its_floor_skips_the_dead_entries_a_held_horizon_keeps(po
     sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
 }
 
+/// Rows that the plan's nodes read and threw away (filters and join filters).
+fn rows_removed(node: &serde_json::Value) -> i64 {
+    let own: i64 = ["Rows Removed by Filter", "Rows Removed by Join Filter"]
+        .iter()
+        .filter_map(|k| node[*k].as_i64())
+        .sum::<i64>()
+        * node["Actual Loops"].as_i64().unwrap_or(1);
+    own + node["Plans"]
+        .as_array()
+        .map_or(0, |plans| plans.iter().map(rows_removed).sum())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn renewals_and_completions_probe_their_claims_by_id_whatever_the_statistics_say(
+    pool: PgPool,
+) {
+    // Statistics from a moment when every running claim's lease had passed (autovacuum
+    // busy elsewhere for longer than a lease), then a burst: 58,000 pending jobs and
+    // 2,300 running claims the planner believes are one row.
+    for sql in [
+        "INSERT INTO jobs (kind, payload, max_attempts, state, attempts, claimed_by, claimed_until) \
+         SELECT 'rt.count', '{}', 3, 'running', 1, gen_random_uuid(), now() - interval '1 hour' \
+         FROM generate_series(1, 20000)",
+        "ANALYZE jobs",
+        "DELETE FROM jobs",
+        "INSERT INTO jobs (kind, payload, max_attempts) SELECT 'rt.count', '{}', 3 FROM generate_series(1, 58000)",
+        "INSERT INTO jobs (kind, payload, max_attempts, state, attempts, claimed_by, claimed_until) \
+         SELECT 'rt.count', '{}', 3, 'running', 1, gen_random_uuid(), now() + interval '1 hour' \
+         FROM generate_series(1, 2300)",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    let (ids, tokens): (String, String) = sqlx::query_as(
+        "SELECT array_agg(id ORDER BY id)::text, array_agg(claimed_by ORDER BY id)::text \
+         FROM (SELECT id, claimed_by FROM jobs WHERE state = 'running' ORDER BY id LIMIT 2000) s",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    for (name, types, rest) in [
+        (
+            "RENEW",
+            "bigint[], uuid[], bigint[]",
+            ", array_fill(30000::bigint, ARRAY[2000])",
+        ),
+        ("COMPLETE_DELETE", "bigint[], uuid[]", ""),
+        (
+            "COMPLETE_KEEP",
+            "bigint[], uuid[], bigint[], bool[]",
+            ", array_fill(NULL::bigint, ARRAY[2000]), array_fill(true, ARRAY[2000])",
+        ),
+    ] {
+        let run = |sql: String| sqlx::query(sqlx::AssertSqlSafe(sql));
+        // Planned for its arguments at each execution, as the runtime sends it (unnamed).
+        run(format!("PREPARE s({types}) AS {}", statement(name)))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        run("BEGIN".into()).execute(&mut *conn).await.unwrap();
+        run("SET LOCAL plan_cache_mode = force_custom_plan".into())
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE s('{ids}', '{tokens}'{rest})"
+        )))
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        run("ROLLBACK".into()).execute(&mut *conn).await.unwrap();
+        run("DEALLOCATE s".into())
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+
+        let top = &plan[0]["Plan"];
+        assert_eq!(
+            top["Actual Rows"].as_i64(),
+            Some(2_000),
+            "{name}: every claim"
+        );
+        // One probe per claim: nothing compares the table with the batch (the joins of
+        // the table to the batch threw away 4.6 million rows here).
+        let removed = rows_removed(top);
+        assert!(
+            removed < 2_000,
+            "{name} threw away {removed} rows: {plan:#}"
+        );
+    }
+}
+
 #[derive(Job, Serialize, Deserialize)]
 #[job(kind = "rt.behind")]
 struct Behind {

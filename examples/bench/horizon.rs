@@ -225,7 +225,16 @@ impl Cluster {
         let dir = fresh_dir("horizon", port);
         let data = dir.join("data");
         init_cluster(&data);
-        start_server(&data, port, SETTINGS);
+        // More settings for a diagnosis (`name=value`, space-separated), such as
+        // auto_explain's; the server's log is then kept as server-<port>.log in the
+        // temporary directory.
+        let extra = std::env::var("JOBS_BENCH_SERVER_SETTINGS").unwrap_or_default();
+        let settings: Vec<&str> = SETTINGS
+            .iter()
+            .copied()
+            .chain(extra.split_whitespace())
+            .collect();
+        start_server(&data, port, &settings);
         Cluster { dir, port }
     }
 
@@ -241,6 +250,10 @@ impl Drop for Cluster {
             &bin("pg_ctl"),
             &["-D", data.to_str().unwrap(), "-m", "fast", "stop"],
         );
+        if std::env::var_os("JOBS_BENCH_SERVER_SETTINGS").is_some() {
+            let kept = std::env::temp_dir().join(format!("server-{}.log", self.port));
+            let _ = std::fs::copy(self.dir.join("server.log"), kept);
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

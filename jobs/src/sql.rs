@@ -343,30 +343,34 @@ CROSS JOIN LATERAL (
 /// of the runtime until their leases run out; it never waits for a lock, so it cannot
 /// deadlock. Index: primary key, one probe per claim. Only `claimed_until` changes: a
 /// HOT update.
+///
+/// Sent unnamed, planned for each batch (why: [`COMPLETE_DELETE`]).
 pub(crate) const RENEW: &str = r#"
-WITH c AS (
+WITH c AS MATERIALIZED (
     SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, lease_ms)
 ),
 free AS MATERIALIZED (
-    SELECT j.id
-    FROM jobs j JOIN c ON j.id = c.id
-    WHERE j.claimed_by = c.token AND j.claimed_until > now()
-    ORDER BY j.id
-    FOR NO KEY UPDATE OF j SKIP LOCKED
+    SELECT l.id, c.token, c.lease_ms
+    FROM c
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM jobs j
+        WHERE j.id = c.id AND j.claimed_by = c.token AND j.claimed_until > now()
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) l
 ),
 renewed AS (
-    UPDATE jobs j SET claimed_until = now() + c.lease_ms * interval '1 millisecond'
-    FROM c JOIN free f ON f.id = c.id
-    WHERE j.id = c.id AND j.claimed_by = c.token AND j.claimed_until > now()
+    UPDATE jobs j SET claimed_until = now() + f.lease_ms * interval '1 millisecond'
+    FROM free f
+    WHERE j.id = ANY(ARRAY(SELECT id FROM free)) AND j.id = f.id
+      AND j.claimed_by = f.token AND j.claimed_until > now()
     RETURNING j.id
 )
 SELECT c.token,
-       r.id IS NOT NULL AS renewed,
-       coalesce(j.claimed_by = c.token AND j.claimed_until > now(), false) AS held,
-       coalesce(j.state = 'cancelled', false) AS cancelled
+       c.id = ANY(ARRAY(SELECT id FROM renewed)) AS renewed,
+       coalesce((SELECT j.claimed_by = c.token AND j.claimed_until > now()
+                 FROM jobs j WHERE j.id = c.id), false) AS held,
+       coalesce((SELECT j.state = 'cancelled' FROM jobs j WHERE j.id = c.id), false) AS cancelled
 FROM c
-LEFT JOIN renewed r ON r.id = c.id
-LEFT JOIN jobs j ON j.id = c.id
 "#;
 
 /// Completes the claims `($1[i], $2[i])` of kinds that keep no history, by deleting
@@ -380,21 +384,32 @@ LEFT JOIN jobs j ON j.id = c.id
 /// so a trigger that commits while this runs is never deleted with the job. Times are
 /// `statement_timestamp()`: this also runs inside a fenced transaction, where `now()`
 /// is the transaction's start.
+///
+/// Every claim is looked up by its id (a lateral probe of the primary key, locked there),
+/// and the delete takes the locked ids as one array: no plan can join the whole table to
+/// the batch, whatever the statistics say. [`COMPLETE_KEEP`] and [`RENEW`] are built the
+/// same way, and all three are sent unnamed, planned for each batch and the table's
+/// size at that moment. As named statements that joined `jobs` to the batch they ran
+/// on a generic plan made while the table was nearly empty (10 rows counted for any
+/// array, one row for the table after its filters): a nested loop that read the whole
+/// table and scanned the batch again for each of its rows. One completion of 2,000 jobs
+/// among 35,600 rows took 9.5 s (67 million comparisons); planned each time, the same
+/// join still took 0.6 to 0.9 s when the statistics said the table held no running
+/// row. Completions fell behind, the table grew, and the rate stalled for seconds
+/// (BENCHMARKS.md, "The sawtooth's cause").
 pub(crate) const COMPLETE_DELETE: &str = r#"
-WITH c AS (
-    SELECT * FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
-),
-mine AS MATERIALIZED (
-    SELECT j.id
-    FROM jobs j JOIN c ON j.id = c.id
-    WHERE j.claimed_by = c.token AND j.claimed_until > statement_timestamp()
-      AND j.rerun_after IS NULL
-    ORDER BY j.id
-    FOR UPDATE OF j SKIP LOCKED
+WITH mine AS MATERIALIZED (
+    SELECT l.id
+    FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM jobs j
+        WHERE j.id = c.id AND j.claimed_by = c.token
+          AND j.claimed_until > statement_timestamp() AND j.rerun_after IS NULL
+        FOR UPDATE SKIP LOCKED
+    ) l
 )
 DELETE FROM jobs j
-USING mine m
-WHERE j.id = m.id
+WHERE j.id = ANY(ARRAY(SELECT id FROM mine))
 RETURNING j.id
 "#;
 
@@ -415,48 +430,52 @@ RETURNING j.id
 /// held, so the completer tries the delete again), or it would stay behind as a `done`
 /// row no retention ever prunes (a renewal holding the row between the delete and this
 /// statement was enough).
+///
+/// Sent unnamed, planned for each batch (why: [`COMPLETE_DELETE`]).
 pub(crate) const COMPLETE_KEEP: &str = r#"
-WITH c AS (
+WITH c AS MATERIALIZED (
     SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::bool[])
         AS c(id, token, every_ms, keep)
 ),
 mine AS MATERIALIZED (
-    SELECT j.id
-    FROM jobs j JOIN c ON j.id = c.id
-    WHERE j.claimed_by = c.token AND j.claimed_until > statement_timestamp()
-      AND (c.keep OR c.every_ms IS NOT NULL OR j.rerun_after IS NOT NULL)
-    ORDER BY j.id
-    FOR NO KEY UPDATE OF j SKIP LOCKED
+    SELECT l.id, c.every_ms
+    FROM c
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM jobs j
+        WHERE j.id = c.id AND j.claimed_by = c.token
+          AND j.claimed_until > statement_timestamp()
+          AND (c.keep OR c.every_ms IS NOT NULL OR j.rerun_after IS NOT NULL)
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) l
 ),
 done AS (
     UPDATE jobs j SET
-        state = CASE WHEN j.rerun_after IS NOT NULL OR c.every_ms IS NOT NULL
+        state = CASE WHEN j.rerun_after IS NOT NULL OR m.every_ms IS NOT NULL
                      THEN 'pending' ELSE 'done' END,
         run_after = CASE WHEN j.rerun_after IS NOT NULL
                          THEN greatest(j.rerun_after, statement_timestamp())
-                         WHEN c.every_ms IS NOT NULL
-                         THEN statement_timestamp() + c.every_ms * interval '1 millisecond'
+                         WHEN m.every_ms IS NOT NULL
+                         THEN statement_timestamp() + m.every_ms * interval '1 millisecond'
                          ELSE j.run_after END,
-        attempts = CASE WHEN j.rerun_after IS NOT NULL OR c.every_ms IS NOT NULL
+        attempts = CASE WHEN j.rerun_after IS NOT NULL OR m.every_ms IS NOT NULL
                         THEN 0 ELSE j.attempts END,
-        finished_at = CASE WHEN j.rerun_after IS NULL AND c.every_ms IS NULL
+        finished_at = CASE WHEN j.rerun_after IS NULL AND m.every_ms IS NULL
                            THEN statement_timestamp() END,
         last_error = NULL,
-        checkpoint = CASE WHEN j.rerun_after IS NULL AND c.every_ms IS NULL
+        checkpoint = CASE WHEN j.rerun_after IS NULL AND m.every_ms IS NULL
                           THEN j.checkpoint END,
         rerun_after = NULL,
         claimed_by = NULL,
         claimed_until = NULL
-    FROM c JOIN mine m ON m.id = c.id
-    WHERE j.id = c.id
+    FROM mine m
+    WHERE j.id = ANY(ARRAY(SELECT id FROM mine)) AND j.id = m.id
     RETURNING j.id
 )
 SELECT c.id,
-       d.id IS NOT NULL AS done,
-       coalesce(j.claimed_by = c.token AND j.claimed_until > statement_timestamp(), false) AS held
+       c.id = ANY(ARRAY(SELECT id FROM done)) AS done,
+       coalesce((SELECT j.claimed_by = c.token AND j.claimed_until > statement_timestamp()
+                 FROM jobs j WHERE j.id = c.id), false) AS held
 FROM c
-LEFT JOIN done d ON d.id = c.id
-LEFT JOIN jobs j ON j.id = c.id
 "#;
 
 /// Stores `$3` (JSON text) as the checkpoint of claim `($1, $2)`, if the claim is still

@@ -86,6 +86,7 @@ pub(crate) async fn complete_batch(
         let deleted: Vec<(i64,)> = alone!(
             &mut *conn,
             crate::pooler::query_as(sql::COMPLETE_DELETE)
+                .persistent(false) // planned for its batch: see `sql::COMPLETE_DELETE`
                 .bind(&ids)
                 .bind(&tokens),
             fetch_all
@@ -105,6 +106,7 @@ pub(crate) async fn complete_batch(
         let kept: Vec<(i64, bool, bool)> = alone!(
             &mut *conn,
             crate::pooler::query_as(sql::COMPLETE_KEEP)
+                .persistent(false) // planned for its batch: see `sql::COMPLETE_DELETE`
                 .bind(&ids)
                 .bind(&tokens)
                 .bind(&every)

@@ -123,6 +123,7 @@ async fn run(beat: &Beat) {
             crate::pooler::alone!(
                 c,
                 crate::pooler::query_as(sql::RENEW)
+                    .persistent(false) // planned for its batch: see `sql::COMPLETE_DELETE`
                     .bind(&ids)
                     .bind(&tokens)
                     .bind(&leases),
