@@ -88,11 +88,16 @@ async fn fresh_database(max_connections: u32) -> PgPool {
     pool
 }
 
-/// A pool for runtimes: through the pooler of `JOBS_BENCH_POOLER_URL` when it is set.
+/// The benchmark's database through a pooler in transaction mode, when one is named.
+fn pooler_url() -> Option<String> {
+    std::env::var("JOBS_BENCH_POOLER_URL").ok()
+}
+
+/// A pool for runtimes: through the pooler of [`pooler_url`] when it is set.
 async fn pool(max_connections: u32) -> PgPool {
     PgPoolOptions::new()
         .max_connections(max_connections)
-        .connect(&std::env::var("JOBS_BENCH_POOLER_URL").unwrap_or_else(|_| url()))
+        .connect(&pooler_url().unwrap_or_else(url))
         .await
         .unwrap()
 }
@@ -278,7 +283,7 @@ async fn drain(pool: &PgPool, n: u32, concurrency: usize) -> (f64, f64) {
     DONE.store(0, Ordering::SeqCst);
     let cpu = cpu_seconds();
     let watcher = pool.clone();
-    let runtime_pool = if std::env::var_os("JOBS_BENCH_POOLER_URL").is_some() {
+    let runtime_pool = if pooler_url().is_some() {
         self::pool(12).await
     } else {
         pool.clone()
@@ -500,7 +505,7 @@ async fn child() {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if std::env::var_os("JOBS_BENCH_POOLER_URL").is_some() {
+    if pooler_url().is_some() {
         jobs::behind_transaction_pooler();
     }
     if args.first().map(String::as_str) == Some("--child") {

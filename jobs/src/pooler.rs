@@ -16,9 +16,10 @@
 //!   a transaction the pooler may send those two round trips to two server connections.
 //!
 //! After [`behind_transaction_pooler`], every statement of this library is unnamed, and
-//! every statement of the runtime runs in an explicit transaction of its own, which keeps
-//! its two round trips on one server connection. That costs two more round trips per
-//! statement; the job table's protocol is unchanged.
+//! every statement of the runtime runs in an explicit transaction (of its own, or a
+//! completion round's two in one), which keeps its two round trips on one server
+//! connection. That costs two more round trips per transaction; the job table's
+//! protocol is unchanged.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -37,8 +38,8 @@ static BEHIND: AtomicBool = AtomicBool::new(false);
 ///   every [`poll_interval`](crate::Runtime::poll_interval), so set it to the pickup
 ///   delay you accept (100 ms costs an idle replica ten small queries a second);
 /// - every statement of this library is sent unnamed, and every statement of a runtime
-///   runs in a transaction of its own, so that they work whether or not the pooler
-///   tracks prepared statements.
+///   runs in a transaction (of its own, or a completion round's two in one), so that
+///   they work whether or not the pooler tracks prepared statements.
 ///
 /// Your own calls of [`Job::enqueue`](crate::Job::enqueue),
 /// [`EnqueueBatch::enqueue`](crate::EnqueueBatch::enqueue) and the

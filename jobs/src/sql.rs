@@ -341,8 +341,8 @@ CROSS JOIN LATERAL (
 ///
 /// `SKIP LOCKED`, so that one locked row never stalls the renewal of every other claim
 /// of the runtime until their leases run out; it never waits for a lock, so it cannot
-/// deadlock. Index: primary key, one probe per claim. Only `claimed_until` changes: a
-/// HOT update.
+/// deadlock. Index: primary key, probed for each claim (to lock it, to renew it, to
+/// report on it). Only `claimed_until` changes: a HOT update.
 ///
 /// Sent unnamed, planned for each batch (why: [`COMPLETE_DELETE`]).
 pub(crate) const RENEW: &str = r#"
@@ -421,7 +421,7 @@ RETURNING j.id
 /// is still held (its row is locked by another transaction: try again later) or gone
 /// (expired, taken over or completed: refused).
 ///
-/// `SKIP LOCKED` and one global order (by id), as [`COMPLETE_DELETE`]. Index: primary
+/// `SKIP LOCKED`, as [`COMPLETE_DELETE`]: it never waits for a lock. Index: primary
 /// key. Times are `statement_timestamp()`, as there.
 ///
 /// `$4[i]` says whether the kind keeps done rows. A claim of a kind that keeps none

@@ -17,7 +17,6 @@ use uuid::Uuid;
 
 use super::Flight;
 use crate::context::Inner;
-use crate::pooler::alone;
 use crate::runtime::backoff::Backoff;
 use crate::sql;
 
@@ -67,10 +66,27 @@ pub(crate) async fn complete_one(
         .is_empty())
 }
 
+/// [`complete_batch`] on a connection outside any transaction: behind a transaction
+/// pooler, its two statements share one transaction of their own (see `crate::pooler`).
+pub(crate) async fn complete_alone(
+    conn: &mut PgConnection,
+    batch: &[Completion],
+) -> Result<Written, sqlx::Error> {
+    if !crate::pooler::behind() {
+        return complete_batch(conn, batch).await;
+    }
+    use sqlx::Connection;
+    let mut tx = conn.begin().await?;
+    let written = complete_batch(&mut tx, batch).await?;
+    tx.commit().await?;
+    Ok(written)
+}
+
 /// Completes claims: one `DELETE` for kinds without history, then one `UPDATE` for the
 /// rest (kept, periodic, marked for a re-run) and for any the delete skipped (a re-run
-/// mark arrived, or the row was locked). Rows are locked in id order and locked rows are
-/// skipped, so this never waits for another transaction.
+/// mark arrived, or the row was locked). Locked rows are skipped, so this never waits
+/// for another transaction. Runs on `conn` as it is: in the caller's transaction, or
+/// each statement on its own ([`complete_alone`] behind a pooler).
 pub(crate) async fn complete_batch(
     conn: &mut PgConnection,
     batch: &[Completion],
@@ -83,15 +99,12 @@ pub(crate) async fn complete_batch(
     if !delete.is_empty() {
         let ids: Vec<i64> = delete.iter().map(|c| c.id).collect();
         let tokens: Vec<Uuid> = delete.iter().map(|c| c.token).collect();
-        let deleted: Vec<(i64,)> = alone!(
-            &mut *conn,
-            crate::pooler::query_as(sql::COMPLETE_DELETE)
-                .persistent(false) // planned for its batch: see `sql::COMPLETE_DELETE`
-                .bind(&ids)
-                .bind(&tokens),
-            fetch_all
-        )
-        .await?;
+        let deleted: Vec<(i64,)> = crate::pooler::query_as(sql::COMPLETE_DELETE)
+            .persistent(false) // planned for its batch: see `sql::COMPLETE_DELETE`
+            .bind(&ids)
+            .bind(&tokens)
+            .fetch_all(&mut *conn)
+            .await?;
         written.done.extend(deleted.into_iter().map(|(id,)| id));
     }
     let rest: Vec<&Completion> = batch
@@ -103,17 +116,14 @@ pub(crate) async fn complete_batch(
         let tokens: Vec<Uuid> = rest.iter().map(|c| c.token).collect();
         let every: Vec<Option<i64>> = rest.iter().map(|c| c.every_ms).collect();
         let keep: Vec<bool> = rest.iter().map(|c| c.keep).collect();
-        let kept: Vec<(i64, bool, bool)> = alone!(
-            &mut *conn,
-            crate::pooler::query_as(sql::COMPLETE_KEEP)
-                .persistent(false) // planned for its batch: see `sql::COMPLETE_DELETE`
-                .bind(&ids)
-                .bind(&tokens)
-                .bind(&every)
-                .bind(&keep),
-            fetch_all
-        )
-        .await?;
+        let kept: Vec<(i64, bool, bool)> = crate::pooler::query_as(sql::COMPLETE_KEEP)
+            .persistent(false) // planned for its batch: see `sql::COMPLETE_DELETE`
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&every)
+            .bind(&keep)
+            .fetch_all(&mut *conn)
+            .await?;
         for (id, done, held) in kept {
             if done {
                 // Of a kind without history, only a re-run mark completes here.
@@ -243,7 +253,7 @@ pub(crate) async fn run(
                     Some(c) => c,
                     None => conn.insert(db.acquire().await?),
                 };
-                complete_batch(c, &batch).await
+                complete_alone(c, &batch).await
             };
             // If it did not answer, it may still have committed: the retry then finds
             // those claims gone and counts them as refused, which changes nothing.

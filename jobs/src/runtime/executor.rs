@@ -560,7 +560,11 @@ pub(crate) async fn perform_inline(
         let written = match &outcome {
             Outcome::Succeeded => {
                 let mut conn = pool.acquire().await?;
-                completer::complete_one(&mut conn, &inner).await?
+                let batch = [completer::Completion::of(&inner)];
+                !completer::complete_alone(&mut conn, &batch)
+                    .await?
+                    .done
+                    .is_empty()
             }
             other => write_outcome(pool, &inner, other).await?,
         };
