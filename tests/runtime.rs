@@ -6,7 +6,7 @@ mod common;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Running, count, record, runs, runtime, wait_until};
 use jobs::{EnqueueBatch, Job, JobContext, JobError, Runtime};
@@ -1289,6 +1289,46 @@ async fn renewals_and_completions_probe_their_claims_by_id_whatever_the_statisti
             "{name} threw away {removed} rows: {plan:#}"
         );
     }
+}
+
+/// The interleaving that made scheduled jobs start up to 50 ms late: an idle runtime's
+/// claim runs a moment before a job is due, the job becomes due, then the query for the
+/// next due time runs. That query used to look only past its own `now()`, so it missed
+/// the job and the runtime slept until the next one. It now looks back over the time
+/// since the claim was sent: a job due in that window is reported due (claim at once),
+/// and one due before it (the claim's to take, left because its row was locked or its
+/// key's job was running) is not, so an idle runtime does not spin on it.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_next_due_time_counts_a_job_that_became_due_after_the_claim_looked(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, run_after) VALUES \
+         ('rt.count', '{}', 3, now() + interval '1 s'), \
+         ('rt.count', '{}', 3, now() - interval '1 hour'), \
+         ('rt.count', '{}', 3, now() + interval '1 hour')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let next_due = |window: f64| {
+        sqlx::query_scalar::<_, Option<f64>>(statement("NEXT_DUE"))
+            .bind(vec!["rt.count"])
+            .bind(window)
+            .fetch_one(&pool)
+    };
+    // Before the first job is due: the time until it.
+    let before = next_due(0.002).await.unwrap().unwrap();
+    assert!(before > 0.0 && before <= 1.0, "{before}");
+    // The claim looks now (and finds nothing due but the hour-old job, which it leaves).
+    let claim_sent = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The job became due after the claim: reported due, to be claimed at once.
+    let window = claim_sent.elapsed().as_secs_f64() + 0.002;
+    let after = next_due(window).await.unwrap().unwrap();
+    assert!(after <= 0.0, "a job due since the claim looked: {after}");
+    // A claim that looked after it became due had its chance; the hour-old job too:
+    // the next due time is the job an hour ahead.
+    let later = next_due(0.002).await.unwrap().unwrap();
+    assert!(later > 3_000.0, "{later}");
 }
 
 #[derive(Job, Serialize, Deserialize)]

@@ -47,24 +47,23 @@ async fn noop(job: Noop, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
-/// A job whose handler records how late it started (W6).
+/// A job whose handler records when it started (W6).
 #[derive(Job, Serialize, Deserialize)]
 #[job(kind = "bench.timed")]
-struct Timed {}
+struct Timed {
+    seq: u32,
+}
 
-static LATE_MS: Mutex<Vec<f64>> = Mutex::new(Vec::new());
+/// When each W6 job's handler started, by sequence number.
+static TIMED_STARTED: Mutex<Vec<(u32, chrono::DateTime<chrono::Utc>)>> = Mutex::new(Vec::new());
 
 #[jobs::handler]
-async fn timed(_job: Timed, ctx: JobContext) -> Result<(), JobError> {
-    // From run-after to the start of this statement, on the database clock (one round
-    // trip after the handler started).
-    let late: f64 = sqlx::query_scalar(
-        "SELECT (extract(epoch FROM statement_timestamp() - run_after) * 1000)::float8 FROM jobs WHERE id = $1",
-    )
-    .bind(ctx.id())
-    .fetch_one(ctx.pool())
-    .await?;
-    LATE_MS.lock().unwrap().push(late);
+async fn timed(job: Timed, _ctx: JobContext) -> Result<(), JobError> {
+    // The database runs on this machine: its clock is this clock.
+    TIMED_STARTED
+        .lock()
+        .unwrap()
+        .push((job.seq, chrono::Utc::now()));
     Ok(())
 }
 
@@ -419,14 +418,16 @@ async fn w3(runs: usize) {
     report("W3 pickup latency max", "ms", max, &[]);
 }
 
-/// W6: an idle runtime (default poll interval, 1 s) and 200 jobs each enqueued with a
-/// delay of 50 to 500 ms, one every 10 ms: how late each starts after its run-after.
+/// W6: an idle runtime (default poll interval, 1 s) and 200 jobs each scheduled 50 to
+/// 500 ms ahead, one every 10 ms: how late each handler starts after its run-after. The
+/// run-after is an instant (`EnqueueOptions::at`) and the start is read at the
+/// handler's first line, on the same clock as the database's (one machine).
 async fn w6(runs: usize) {
     let mut p50 = Vec::new();
     let mut p99 = Vec::new();
     for _ in 0..runs {
         let pool = fresh_database(12).await;
-        LATE_MS.lock().unwrap().clear();
+        TIMED_STARTED.lock().unwrap().clear();
         let runtime_pool = pool.clone();
         let stop = Arc::new(tokio::sync::Notify::new());
         let signal = stop.clone();
@@ -437,18 +438,29 @@ async fn w6(runs: usize) {
                 .await
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
-        for i in 0..200u64 {
+        let mut due = HashMap::new();
+        for seq in 0..200u32 {
             // Delays spread over 50..500 ms without a random source: a fixed stride.
-            let delay = Duration::from_millis(50 + (i * 37) % 450);
-            Timed {}.enqueue_in(&pool, delay).await.unwrap();
+            let delay = Duration::from_millis(50 + (u64::from(seq) * 37) % 450);
+            let at = chrono::Utc::now() + delay;
+            due.insert(seq, at);
+            Timed { seq }
+                .enqueue_with(&pool, jobs::EnqueueOptions::new().at(at))
+                .await
+                .unwrap();
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        while LATE_MS.lock().unwrap().len() < 200 {
+        while TIMED_STARTED.lock().unwrap().len() < 200 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         stop.notify_one();
         rt.await.unwrap().unwrap();
-        let mut late = LATE_MS.lock().unwrap().clone();
+        let mut late: Vec<f64> = TIMED_STARTED
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(seq, started)| (*started - due[seq]).as_seconds_f64() * 1000.0)
+            .collect();
         late.sort_by(|a, b| a.partial_cmp(b).unwrap());
         p50.push(late[late.len() / 2]);
         p99.push(late[late.len() * 99 / 100]);

@@ -316,8 +316,14 @@ pub(crate) const CLAIM_SPLIT_FROM: &str = claim_split!(
 /// clock; NULL when none is scheduled): an idle runtime sleeps until then, so a retry, a
 /// snooze or a scheduled job starts on time rather than at the next poll.
 ///
+/// `$2` is how long ago (seconds) the claim before it was sent, plus a margin: a job
+/// that became due in that window came after that claim's `now()`, so the claim could
+/// not take it, and the answer is negative (claim at once). A due job older than the
+/// window was the claim's to take; one it left (its key's job running, its row locked)
+/// is not counted, so the runtime does not spin on it.
+///
 /// Index: `jobs_claim (kind, priority, run_after, id) WHERE state = 'pending'`, one
-/// probe per kind and priority at the first entry past `now()`.
+/// probe per kind and priority at the first entry past the window's start.
 pub(crate) const NEXT_DUE: &str = r#"
 SELECT extract(epoch FROM min(n.run_after) - now())::float8
 FROM unnest($1::text[]) AS k(kind)
@@ -325,7 +331,7 @@ CROSS JOIN generate_series(0, 9) AS p(priority)
 CROSS JOIN LATERAL (
     SELECT run_after FROM jobs
     WHERE state = 'pending' AND kind = k.kind AND priority = p.priority::smallint
-      AND run_after > now()
+      AND run_after > now() - make_interval(secs => $2::float8)
     ORDER BY run_after
     LIMIT 1
 ) n

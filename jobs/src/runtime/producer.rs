@@ -25,6 +25,11 @@ const BATCH_WINDOW: Duration = Duration::from_millis(2);
 /// a producer sends at most one notification per kind (`enqueue::NOTIFY_EVERY`).
 const FOLLOW_UP: Duration = Duration::from_millis(10);
 
+/// How much longer than the time since the last claim was sent the next-due query looks
+/// back for jobs that became due after that claim's `now()` (`sql::NEXT_DUE`): the
+/// query's own way to the server.
+const NEXT_DUE_MARGIN: Duration = Duration::from_millis(2);
+
 /// How much work a kind claims ahead of its free slots: what its handlers finish in this
 /// long at their recent rate. Short jobs come in claims of hundreds however low the
 /// concurrency; a kind whose jobs take longer than this claims nothing ahead, so that
@@ -84,6 +89,8 @@ pub(super) async fn run(
     let mut batch_window_used = false;
     // Whether the last wake-up was a signal: then one more claim follows shortly.
     let mut follow_up = false;
+    // When the last claim was sent: jobs that became due after it are looked for.
+    let mut claim_sent = Instant::now();
     let mut rates = Rates::new(&shared);
     let mut floors = Floors::default();
     let mut paused = Paused::default();
@@ -136,7 +143,13 @@ pub(super) async fn run(
             // right after a wake-up, claim once more a moment later: producers send one
             // notification per kind every few milliseconds, so jobs committed just after
             // the notified one may have sent none.
-            let due = next_due(&shared, &mut conn, &per_kind).await;
+            let window = claim_sent.elapsed() + NEXT_DUE_MARGIN;
+            let due = next_due(&shared, &mut conn, &per_kind, window).await;
+            if due == Some(Duration::ZERO) {
+                // A job became due after the last claim looked: claim it now.
+                more = true;
+                continue;
+            }
             let signalled = tokio::select! {
                 _ = shared.wake.notified() => true,
                 _ = poll.tick() => false,
@@ -174,6 +187,7 @@ pub(super) async fn run(
         batch_window_used = false;
 
         let mut running = executors.lock().await;
+        claim_sent = Instant::now();
         let round = claim(
             &shared,
             &mut conn,
@@ -344,6 +358,7 @@ async fn next_due(
     shared: &Shared,
     conn: &mut Option<PoolConnection<Postgres>>,
     per_kind: &[(&'static HandlerInfo, usize)],
+    window: Duration,
 ) -> Option<Duration> {
     let kinds: Vec<&str> = per_kind
         .iter()
@@ -357,7 +372,9 @@ async fn next_due(
         };
         crate::pooler::alone!(
             &mut **c,
-            crate::pooler::query_scalar::<_, Option<f64>>(sql::NEXT_DUE).bind(&kinds),
+            crate::pooler::query_scalar::<_, Option<f64>>(sql::NEXT_DUE)
+                .bind(&kinds)
+                .bind(window.as_secs_f64()),
             fetch_one
         )
         .await
@@ -381,11 +398,13 @@ async fn sleep_if(on: bool, wait: Duration) {
     }
 }
 
-/// Resolves when a job that was `due` from now becomes claimable (a millisecond past
-/// it, so the database's `now()` has passed it too); never when `due` is `None`.
+/// Resolves when a job that was `due` from now becomes claimable; never when `due` is
+/// `None`. The claim that follows reaches the server after `due` has passed on its
+/// clock (the wait starts after the answer arrived); one that came a moment early
+/// finds the job again in the next `sql::NEXT_DUE` and waits the rest.
 async fn sleep_until_due(due: Option<Duration>) {
     match due {
-        Some(d) => tokio::time::sleep(d + Duration::from_millis(1)).await,
+        Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
     }
 }
