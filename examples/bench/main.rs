@@ -197,15 +197,35 @@ async fn w1m(runs: usize) {
     w1m_with(runs, 100).await;
 }
 
+/// What one W1m client does per statement.
+#[derive(Clone, Copy, PartialEq)]
+enum W1mSide {
+    /// `per` jobs through the library: one `enqueue`, or an `EnqueueBatch` of `per`.
+    Jobs,
+    /// A plain `INSERT` of `per` rows the server builds (`generate_series`): no payload
+    /// crosses the wire.
+    RawServerRows,
+    /// A plain `INSERT` of `per` rows sent by the client, each with its own payload (an
+    /// array per column, as a producer of raw rows would send them).
+    RawClientRows,
+}
+
 /// W1m with `per` jobs per enqueue (one job, or an `EnqueueBatch` of `per`) against raw
 /// inserts of `per` rows per statement.
 async fn w1m_with(runs: usize, per: usize) {
     const SECONDS: f64 = 4.0;
-    let mut jobs_rate = Vec::new();
-    let mut raw_rate = Vec::new();
+    let sides: &[W1mSide] = if per == 1 {
+        &[W1mSide::Jobs, W1mSide::RawServerRows]
+    } else {
+        &[W1mSide::Jobs, W1mSide::RawServerRows, W1mSide::RawClientRows]
+    };
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
+    // This process's CPU time per row, microseconds (the clients' share of the two cores).
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
     for _ in 0..runs {
-        for raw in [false, true] {
+        for (i, &side) in sides.iter().enumerate() {
             let pool = fresh_database(PRODUCERS as u32 + 2).await;
+            let cpu_before = cpu_seconds();
             let until = Instant::now() + Duration::from_secs_f64(SECONDS);
             let producers: Vec<_> = (0..PRODUCERS)
                 .map(|_| {
@@ -214,35 +234,7 @@ async fn w1m_with(runs: usize, per: usize) {
                         let mut conn = pool.acquire().await.unwrap();
                         let mut n = 0u64;
                         while Instant::now() < until {
-                            match (raw, per) {
-                                (true, 1) => {
-                                    sqlx::query(
-                                        "INSERT INTO jobs (kind, payload, max_attempts) VALUES ('bench.noop', '{\"seq\": 0}', 20)",
-                                    )
-                                    .execute(&mut *conn)
-                                    .await
-                                    .unwrap();
-                                }
-                                (true, _) => {
-                                    sqlx::query(
-                                        "INSERT INTO jobs (kind, payload, max_attempts) SELECT 'bench.noop', '{\"seq\": 0}', 20 FROM generate_series(1, $1)",
-                                    )
-                                    .bind(per as i32)
-                                    .execute(&mut *conn)
-                                    .await
-                                    .unwrap();
-                                }
-                                (false, 1) => {
-                                    Noop { seq: 0 }.enqueue(&mut *conn).await.unwrap();
-                                }
-                                (false, _) => {
-                                    let mut batch = EnqueueBatch::new();
-                                    for seq in 0..per as u32 {
-                                        batch.push(&Noop { seq }).unwrap();
-                                    }
-                                    batch.enqueue(&mut *conn).await.unwrap();
-                                }
-                            }
+                            w1m_call(&mut conn, side, per).await;
                             n += per as u64;
                         }
                         n
@@ -253,28 +245,92 @@ async fn w1m_with(runs: usize, per: usize) {
             for p in producers {
                 total += p.await.unwrap();
             }
-            let rate = total as f64 / SECONDS;
-            if raw {
-                raw_rate.push(rate);
-            } else {
-                jobs_rate.push(rate);
-            }
+            rates[i].push(total as f64 / SECONDS);
+            cpu[i].push((cpu_seconds() - cpu_before) * 1e6 / total as f64);
             pool.close().await;
         }
     }
-    let ceiling = median(raw_rate.clone());
+    let server_rows = median(rates[1].clone());
+    let mut extra = vec![
+        ("ratio_to_raw", median(rates[0].clone()) / server_rows),
+        ("client_cpu_us_per_job", median(cpu[0].clone())),
+    ];
+    if per > 1 {
+        extra.push((
+            "ratio_to_raw_client_rows",
+            median(rates[0].clone()) / median(rates[2].clone()),
+        ));
+    }
     report(
         &format!("W1m enqueue, {PRODUCERS} producers, {per} per call"),
         "jobs/s",
-        jobs_rate.clone(),
-        &[("ratio_to_raw", median(jobs_rate.clone()) / ceiling)],
+        rates[0].clone(),
+        &extra,
     );
     report(
         &format!("W1m raw INSERT, {PRODUCERS} clients, {per} rows (ceiling)"),
         "rows/s",
-        raw_rate,
-        &[],
+        rates[1].clone(),
+        &[("client_cpu_us_per_row", median(cpu[1].clone()))],
     );
+    if per > 1 {
+        report(
+            &format!("W1m raw INSERT, {PRODUCERS} clients, {per} rows sent"),
+            "rows/s",
+            rates[2].clone(),
+            &[("client_cpu_us_per_row", median(cpu[2].clone()))],
+        );
+    }
+}
+
+/// One statement of a W1m client.
+async fn w1m_call(conn: &mut sqlx::PgConnection, side: W1mSide, per: usize) {
+    match (side, per) {
+        (W1mSide::Jobs, 1) => {
+            Noop { seq: 0 }.enqueue(&mut *conn).await.unwrap();
+        }
+        (W1mSide::Jobs, _) => {
+            let mut batch = EnqueueBatch::new();
+            for seq in 0..per as u32 {
+                batch.push(&Noop { seq }).unwrap();
+            }
+            batch.enqueue(&mut *conn).await.unwrap();
+        }
+        (_, 1) => {
+            sqlx::query(
+                "INSERT INTO jobs (kind, payload, max_attempts) VALUES ('bench.noop', '{\"seq\": 0}', 20)",
+            )
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        }
+        (W1mSide::RawServerRows, _) => {
+            sqlx::query(
+                "INSERT INTO jobs (kind, payload, max_attempts) SELECT 'bench.noop', '{\"seq\": 0}', 20 FROM generate_series(1, $1)",
+            )
+            .bind(per as i32)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        }
+        (W1mSide::RawClientRows, _) => {
+            let kinds = vec!["bench.noop"; per];
+            let payloads: Vec<String> = (0..per as u32)
+                .map(|seq| serde_json::to_string(&Noop { seq }).unwrap())
+                .collect();
+            let max_attempts = vec![20i32; per];
+            sqlx::query(
+                "INSERT INTO jobs (kind, payload, max_attempts) \
+                 SELECT kind, payload::jsonb, max_attempts FROM unnest($1::text[], $2::text[], $3::int[]) AS u(kind, payload, max_attempts)",
+            )
+            .bind(&kinds)
+            .bind(&payloads)
+            .bind(&max_attempts)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        }
+    }
 }
 
 /// Runs one runtime until `n` jobs are done and the table has no live job.
