@@ -416,6 +416,18 @@ async fn one_notification_per_kind_per_transaction(pool: PgPool) {
         Plain { n }.enqueue(&mut *tx).await.unwrap();
     }
     tx.commit().await.unwrap();
+    // A batch of keyed jobs only (its unkeyed part empty) notifies too, and so does
+    // one of unkeyed jobs only.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let keyed: Vec<Keyed> = (100..110)
+        .map(|id| Keyed {
+            id,
+            note: "".into(),
+        })
+        .collect();
+    jobs::enqueue_all(&pool, &keyed).await.unwrap();
+    let plain: Vec<Plain> = (100..110).map(|n| Plain { n }).collect();
+    jobs::enqueue_all(&pool, &plain).await.unwrap();
     // A marker on a channel of its own: everything before it has been delivered.
     sqlx::query("SELECT pg_notify('jobs', 'end')")
         .execute(&pool)
@@ -436,7 +448,14 @@ async fn one_notification_per_kind_per_transaction(pool: PgPool) {
     got.sort();
     assert_eq!(
         got,
-        ["test.keyed", "test.plain", "test.plain", "test.two_keys"]
+        [
+            "test.keyed",
+            "test.keyed",
+            "test.plain",
+            "test.plain",
+            "test.plain",
+            "test.two_keys"
+        ]
     );
 }
 

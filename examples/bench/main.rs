@@ -217,7 +217,11 @@ async fn w1m_with(runs: usize, per: usize) {
     let sides: &[W1mSide] = if per == 1 {
         &[W1mSide::Jobs, W1mSide::RawServerRows]
     } else {
-        &[W1mSide::Jobs, W1mSide::RawServerRows, W1mSide::RawClientRows]
+        &[
+            W1mSide::Jobs,
+            W1mSide::RawServerRows,
+            W1mSide::RawClientRows,
+        ]
     };
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
     // This process's CPU time per row, microseconds (the clients' share of the two cores).

@@ -452,11 +452,25 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
         ats.push(row.at);
         priorities.push(row.priority);
     }
+    // Columns where every row has the default go as empty arrays (see `ENQUEUE_MANY`).
+    if keys.iter().all(Option::is_none) {
+        keys.clear();
+    }
+    if delays.iter().all(|d| *d == 0) {
+        delays.clear();
+    }
+    if ats.iter().all(Option::is_none) {
+        ats.clear();
+    }
+    if priorities.iter().all(|p| *p == 0) {
+        priorities.clear();
+    }
     let mut notify: Vec<&'static str> = kinds.clone();
     notify.sort_unstable();
     notify.dedup();
     notify.retain(|kind| notify_now(kind));
-    let returned: Vec<(i64, String, Option<String>, bool, String)> =
+    // An unkeyed row comes back as its id only (inserted, pending).
+    let returned: Vec<(i64, Option<String>, Option<String>, bool, Option<String>)> =
         crate::pooler::query_as(sql::ENQUEUE_MANY)
             .bind(&kinds)
             .bind(&keys)
@@ -478,12 +492,13 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
     for (id, kind, key, inserted, state) in returned {
         let result = Enqueued {
             id,
-            outcome: outcome(inserted, &state),
+            outcome: outcome(inserted, state.as_deref().unwrap_or("pending")),
         };
         match key {
             Some(key) => {
-                let at = distinct_kinds
-                    .get(kind.as_str())
+                let at = kind
+                    .as_deref()
+                    .and_then(|kind| distinct_kinds.get(kind))
                     .and_then(|k| by_key.get(&(*k, key)))
                     .copied()
                     .ok_or_else(|| {

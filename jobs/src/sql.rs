@@ -60,23 +60,44 @@ CROSS JOIN LATERAL (
 ///
 /// `$1..$5` are arrays of kind, key, payload, max_attempts, delay_ms; `$6` the kinds to
 /// notify (see [`ENQUEUE_ONE`]); `$7` the absolute run-afters (NULL for a delay) and
-/// `$8` the priorities, as there. Rows are fed in
-/// array order, and the caller sorts keyed rows by `(kind, key)`: every batch then
-/// takes its row locks (and waits for another inserter of the same key) in one global
-/// order, so two batches of overlapping keys never deadlock. The ids of inserted rows
-/// rise in array order; each returned row carries its kind and key, which name a keyed
-/// row's input. Index: `jobs_live_key`, as [`ENQUEUE_ONE`]. One notification per kind
-/// that has a pending job, as [`ENQUEUE_ONE`].
+/// `$8` the priorities, as there. The caller sends the keys, delays, run-afters and
+/// priorities as empty arrays when every row has the default (no key, no delay, no
+/// instant, priority 0): `unnest` pads a shorter array with NULLs, read here as those
+/// defaults, and the server decodes 400 fewer elements per 100 rows. Rows without a key never conflict: they are inserted
+/// by a plain `INSERT` (`plain`), which spares them the speculative insertion of
+/// `ON CONFLICT` (a sixth of the statement's time for unkeyed batches), and come back
+/// as their ids only. Keyed rows go through `ON CONFLICT` (`keyed`) as in
+/// [`ENQUEUE_ONE`]. Rows are fed in array order, and the caller sorts keyed rows by
+/// `(kind, key)`: every batch then takes its row locks (and waits for another inserter
+/// of the same key) in one global order, so two batches of overlapping keys never
+/// deadlock. The ids of unkeyed rows rise in array order; each keyed row comes back
+/// with its kind and key, which name its input. Index: `jobs_live_key`, as
+/// [`ENQUEUE_ONE`], for keyed rows. One notification per kind that has a pending job,
+/// as [`ENQUEUE_ONE`].
 pub(crate) const ENQUEUE_MANY: &str = r#"
-WITH ins AS (
-    INSERT INTO jobs AS j (kind, key, payload, max_attempts, priority, run_after)
-    SELECT u.kind, u.key, u.payload::jsonb, u.max_attempts, u.priority,
+WITH plain AS (
+    INSERT INTO jobs AS j (kind, payload, max_attempts, priority, run_after)
+    SELECT u.kind, u.payload::jsonb, u.max_attempts, coalesce(u.priority, 0),
            CASE WHEN u.at IS NULL
-                THEN statement_timestamp() + u.delay_ms * interval '1 millisecond'
+                THEN statement_timestamp() + coalesce(u.delay_ms, 0) * interval '1 millisecond'
                 ELSE greatest(u.at, statement_timestamp()) END
     FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $7::timestamptz[],
                 $8::smallint[])
          WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, at, priority, ord)
+    WHERE u.key IS NULL
+    ORDER BY u.ord
+    RETURNING j.id, j.kind
+),
+keyed AS (
+    INSERT INTO jobs AS j (kind, key, payload, max_attempts, priority, run_after)
+    SELECT u.kind, u.key, u.payload::jsonb, u.max_attempts, coalesce(u.priority, 0),
+           CASE WHEN u.at IS NULL
+                THEN statement_timestamp() + coalesce(u.delay_ms, 0) * interval '1 millisecond'
+                ELSE greatest(u.at, statement_timestamp()) END
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $7::timestamptz[],
+                $8::smallint[])
+         WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, at, priority, ord)
+    WHERE u.key IS NOT NULL
     ORDER BY u.ord
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
@@ -90,10 +111,16 @@ WITH ins AS (
 ),
 notify AS (
     SELECT count(pg_notify('jobs', k.kind)) AS notified
-    FROM (SELECT DISTINCT kind FROM ins WHERE state = 'pending' AND kind = ANY($6)) k
+    FROM (SELECT kind FROM plain
+          UNION
+          SELECT kind FROM keyed WHERE state = 'pending') k
+    WHERE k.kind = ANY($6)
 )
-SELECT ins.id, ins.kind, ins.key, ins.inserted, ins.state
-FROM ins CROSS JOIN notify
+SELECT plain.id, NULL::text AS kind, NULL::text AS key, true AS inserted, NULL::text AS state
+FROM plain CROSS JOIN notify
+UNION ALL
+SELECT keyed.id, keyed.kind, keyed.key, keyed.inserted, keyed.state
+FROM keyed CROSS JOIN notify
 "#;
 
 /// The text of [`CLAIM`] and [`CLAIM_FROM`]: `$floor` is empty for the first and, for
