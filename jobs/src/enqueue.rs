@@ -469,19 +469,17 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
     notify.sort_unstable();
     notify.dedup();
     notify.retain(|kind| notify_now(kind));
-    // An unkeyed row comes back as its id only (inserted, pending).
-    let returned: Vec<(i64, Option<String>, Option<String>, bool, Option<String>)> =
-        crate::pooler::query_as(sql::ENQUEUE_MANY)
-            .bind(&kinds)
-            .bind(&keys)
-            .bind(&payloads)
-            .bind(&max_attempts)
-            .bind(&delays)
-            .bind(&notify)
-            .bind(&ats)
-            .bind(&priorities)
-            .fetch_all(executor)
-            .await?;
+    let returned: Vec<ManyRow> = crate::pooler::query_as(sql::ENQUEUE_MANY)
+        .bind(&kinds)
+        .bind(&keys)
+        .bind(&payloads)
+        .bind(&max_attempts)
+        .bind(&delays)
+        .bind(&notify)
+        .bind(&ats)
+        .bind(&priorities)
+        .fetch_all(executor)
+        .await?;
 
     // Map the returned rows back to their input rows: a keyed row by its (kind, key),
     // unique in the merged batch; unkeyed rows are always inserted, and their ids,
@@ -536,6 +534,10 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
     }
     Ok(results)
 }
+
+/// A row of `sql::ENQUEUE_MANY`: id, kind, key, inserted, state. An unkeyed row comes
+/// back as its id only (inserted, pending).
+type ManyRow = (i64, Option<String>, Option<String>, bool, Option<String>);
 
 fn protocol(message: String) -> Error {
     Error::Database(sqlx::Error::Protocol(message))
