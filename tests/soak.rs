@@ -38,9 +38,12 @@ const LEASE: Duration = Duration::from_secs(1);
 const MAX_ATTEMPTS: i32 = 25;
 /// How far past the lease a job whose worker died (or was cut off) may wait for its next
 /// attempt, on the database clock. Generous: the rescue runs every 250 ms and the claim
-/// follows at once, but the machine is shared and a rescued job queues behind the jobs
-/// that were due before it.
-const TAKEOVER_SLACK: Duration = Duration::from_secs(10);
+/// follows at once, but the machine is shared, a rescued job queues behind the jobs
+/// that were due before it, and a rescue slowed by a starved machine spaces out the next
+/// (50 times its duration). Beside the whole suite on two cores waits reached 13 s, and
+/// 20 s with two more processes spinning; the bound still catches a takeover that waits
+/// for the rescue's 30 s cap or never comes.
+const TAKEOVER_SLACK: Duration = Duration::from_secs(25);
 /// The workers' shutdown grace: short, so that a SIGTERM hands back handlers mid-nap.
 const GRACE_MS: u64 = 25;
 /// The environment variable that turns `soak_child` into a worker: the database URL.

@@ -75,30 +75,29 @@ CROSS JOIN LATERAL (
 /// [`ENQUEUE_ONE`], for keyed rows. One notification per kind that has a pending job,
 /// as [`ENQUEUE_ONE`].
 pub(crate) const ENQUEUE_MANY: &str = r#"
-WITH plain AS (
-    INSERT INTO jobs AS j (kind, payload, max_attempts, priority, run_after)
-    SELECT u.kind, u.payload::jsonb, u.max_attempts, coalesce(u.priority, 0),
+WITH u AS (
+    SELECT u.kind, u.key, u.payload::jsonb AS payload, u.max_attempts,
+           coalesce(u.priority, 0) AS priority,
            CASE WHEN u.at IS NULL
                 THEN statement_timestamp() + coalesce(u.delay_ms, 0) * interval '1 millisecond'
-                ELSE greatest(u.at, statement_timestamp()) END
+                ELSE greatest(u.at, statement_timestamp()) END AS run_after,
+           u.ord
     FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $7::timestamptz[],
                 $8::smallint[])
          WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, at, priority, ord)
-    WHERE u.key IS NULL
-    ORDER BY u.ord
+),
+plain AS (
+    INSERT INTO jobs AS j (kind, payload, max_attempts, priority, run_after)
+    SELECT kind, payload, max_attempts, priority, run_after FROM u
+    WHERE key IS NULL
+    ORDER BY ord
     RETURNING j.id, j.kind
 ),
 keyed AS (
     INSERT INTO jobs AS j (kind, key, payload, max_attempts, priority, run_after)
-    SELECT u.kind, u.key, u.payload::jsonb, u.max_attempts, coalesce(u.priority, 0),
-           CASE WHEN u.at IS NULL
-                THEN statement_timestamp() + coalesce(u.delay_ms, 0) * interval '1 millisecond'
-                ELSE greatest(u.at, statement_timestamp()) END
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $7::timestamptz[],
-                $8::smallint[])
-         WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, at, priority, ord)
-    WHERE u.key IS NOT NULL
-    ORDER BY u.ord
+    SELECT kind, key, payload, max_attempts, priority, run_after FROM u
+    WHERE key IS NOT NULL
+    ORDER BY ord
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
         max_attempts = EXCLUDED.max_attempts,
