@@ -661,6 +661,89 @@ async fn overlapping_batches_never_deadlock(pool: PgPool) {
     assert_eq!(common::live(&pool).await, 9);
 }
 
+/// The same, with rows without a key between the keyed ones: the bulk statement inserts
+/// those by a plain `INSERT` beside the keyed one. While both batches wait for the held
+/// key, neither waits on the other's unkeyed rows, none deadlocks, and every unkeyed row
+/// is inserted once, its id rising in push order.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn overlapping_batches_with_unkeyed_rows_never_deadlock(pool: PgPool) {
+    for round in 0..3 {
+        let key = |k: &str| format!("{round}-{k}");
+        jobs::enqueue_all(
+            &pool,
+            &[
+                Keyed { key: key("a") },
+                Keyed { key: key("x") },
+                Keyed { key: key("b") },
+            ],
+        )
+        .await
+        .unwrap();
+        let mut holder = pool.begin().await.unwrap();
+        sqlx::query("SELECT id FROM jobs WHERE key = $1 FOR UPDATE")
+            .bind(key("x"))
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let mut tasks = Vec::new();
+        for (b, order) in [["a", "x", "b"], ["b", "x", "a"]].into_iter().enumerate() {
+            let pool = pool.clone();
+            let mut batch = EnqueueBatch::new();
+            for (i, k) in order.iter().enumerate() {
+                let n = (round * 100 + b * 10 + i) as u32;
+                batch.push(&Other { n }).unwrap();
+                batch.push(&Keyed { key: key(k) }).unwrap();
+            }
+            tasks.push(tokio::spawn(async move {
+                let mut tx = pool.begin().await?;
+                let results = batch.enqueue(&mut *tx).await?;
+                tx.commit().await?;
+                Ok::<_, jobs::Error>(results)
+            }));
+        }
+        wait_until("both batches wait for a lock", || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            waiting == 2
+        })
+        .await;
+        holder.commit().await.unwrap();
+        for task in tasks {
+            let results = task
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            let unkeyed: Vec<_> = results.iter().step_by(2).collect();
+            assert!(
+                unkeyed
+                    .iter()
+                    .all(|e| e.outcome == EnqueueOutcome::Inserted)
+            );
+            assert!(
+                unkeyed.windows(2).all(|w| w[0].id < w[1].id),
+                "unkeyed ids rise in push order: {unkeyed:?}"
+            );
+            assert!(
+                results
+                    .iter()
+                    .skip(1)
+                    .step_by(2)
+                    .all(|e| e.outcome == EnqueueOutcome::Coalesced)
+            );
+        }
+    }
+    let unkeyed: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE kind = 'ct.other'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(unkeyed, 18, "every unkeyed row once");
+    assert_eq!(common::live(&pool).await, 9 + 18);
+}
+
 // ---------------------------------------------------------------------------------
 // 11. The claim locks only the rows it takes.
 

@@ -63,17 +63,18 @@ CROSS JOIN LATERAL (
 /// `$8` the priorities, as there. The caller sends the keys, delays, run-afters and
 /// priorities as empty arrays when every row has the default (no key, no delay, no
 /// instant, priority 0): `unnest` pads a shorter array with NULLs, read here as those
-/// defaults, and the server decodes 400 fewer elements per 100 rows. Rows without a key never conflict: they are inserted
-/// by a plain `INSERT` (`plain`), which spares them the speculative insertion of
-/// `ON CONFLICT` (a sixth of the statement's time for unkeyed batches), and come back
-/// as their ids only. Keyed rows go through `ON CONFLICT` (`keyed`) as in
-/// [`ENQUEUE_ONE`]. Rows are fed in array order, and the caller sorts keyed rows by
-/// `(kind, key)`: every batch then takes its row locks (and waits for another inserter
-/// of the same key) in one global order, so two batches of overlapping keys never
-/// deadlock. The ids of unkeyed rows rise in array order; each keyed row comes back
-/// with its kind and key, which name its input. Index: `jobs_live_key`, as
-/// [`ENQUEUE_ONE`], for keyed rows. One notification per kind that has a pending job,
-/// as [`ENQUEUE_ONE`].
+/// defaults, and the server decodes 400 fewer elements per 100 rows.
+///
+/// Rows without a key never conflict: a plain `INSERT` (`plain`) spares them the
+/// speculative insertion of `ON CONFLICT` (about a sixth of the statement's server time
+/// for unkeyed rows), takes no lock another inserter waits for, and returns their ids
+/// only. Keyed rows go through `ON CONFLICT` (`keyed`) as in [`ENQUEUE_ONE`]. Rows are
+/// fed in array order, and the caller sorts keyed rows by `(kind, key)`: every batch
+/// then takes its row locks (and waits for another inserter of the same key) in one
+/// global order, so two batches of overlapping keys never deadlock. The ids of unkeyed
+/// rows rise in array order; each keyed row comes back with its kind and key, which
+/// name its input. Index: `jobs_live_key`, as [`ENQUEUE_ONE`], for keyed rows. One
+/// notification per kind that has a pending job, as [`ENQUEUE_ONE`].
 pub(crate) const ENQUEUE_MANY: &str = r#"
 WITH u AS (
     SELECT u.kind, u.key, u.payload::jsonb AS payload, u.max_attempts,
@@ -345,8 +346,11 @@ pub(crate) const CLAIM_SPLIT_FROM: &str = claim_split!(
 /// `$2` is how long ago (seconds) the claim before it was sent, plus a margin: a job
 /// that became due in that window came after that claim's `now()`, so the claim could
 /// not take it, and the answer is negative (claim at once). A due job older than the
-/// window was the claim's to take; one it left (its key's job running, its row locked)
-/// is not counted, so the runtime does not spin on it.
+/// window was the claim's to take; one it left (its row locked by another transaction,
+/// or below a claim's floor until the next full claim) is not counted, so the runtime
+/// does not spin on it: such a job is inside the window for the margin at most. The
+/// window is a duration measured by the runtime; every time it is compared with is the
+/// database's, and it decides only when the next claim runs.
 ///
 /// Index: `jobs_claim (kind, priority, run_after, id) WHERE state = 'pending'`, one
 /// probe per kind and priority at the first entry past the window's start.
