@@ -607,3 +607,68 @@ async fn batches_take_options_per_job(pool: PgPool) {
     let row = jobs::admin::get(&pool, again.id).await.unwrap().unwrap();
     assert_eq!((row.run_after, row.max_attempts), (at, 4));
 }
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn unkeyed_batches_take_options_per_job_and_return_ids_in_push_order(pool: PgPool) {
+    use jobs::EnqueueOptions;
+    use sqlx::types::chrono::{DateTime, Utc};
+
+    // No job has a key: the batch takes the unkeyed statement, which returns its ids
+    // as one array. Each job's own options must still reach its own row.
+    let at: DateTime<Utc> =
+        sqlx::query_scalar("SELECT date_trunc('second', now()) + interval '2 hours'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let mut batch = EnqueueBatch::new();
+    batch
+        .push(&Plain { n: 0 })
+        .unwrap()
+        .push_with(
+            &Plain { n: 1 },
+            EnqueueOptions::new().at(at).max_attempts(2),
+        )
+        .unwrap()
+        .push_with(
+            &TwoKeys {
+                tenant: "t".into(),
+                item: None,
+            },
+            EnqueueOptions::new()
+                .delay(Duration::from_secs(60))
+                .priority(3),
+        )
+        .unwrap()
+        .push_with(&Plain { n: 3 }, EnqueueOptions::new().priority(7))
+        .unwrap();
+    let done = batch.enqueue(&pool).await.unwrap();
+    assert_eq!(done.len(), 4);
+    assert!(done.iter().all(|e| e.outcome == EnqueueOutcome::Inserted));
+    assert!(done.windows(2).all(|w| w[0].id < w[1].id), "{done:?}");
+
+    let rows: Vec<_> = {
+        let mut rows = Vec::new();
+        for e in &done {
+            rows.push(jobs::admin::get(&pool, e.id).await.unwrap().unwrap());
+        }
+        rows
+    };
+    let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["test.plain", "test.plain", "test.two_keys", "test.plain"]
+    );
+    assert_eq!(rows[0].payload["n"], 0);
+    assert_eq!(rows[3].payload["n"], 3);
+    assert_eq!((rows[1].run_after, rows[1].max_attempts), (at, 2));
+    assert_eq!(
+        rows.iter().map(|r| r.priority).collect::<Vec<_>>(),
+        [0, 0, 3, 7]
+    );
+    let (ahead, max_attempts) = scheduled(&pool, done[2].id).await;
+    assert!((60.0..61.0).contains(&ahead), "{ahead}");
+    assert_eq!(max_attempts, 20);
+    let (ahead, _) = scheduled(&pool, done[0].id).await;
+    assert!((0.0..1.0).contains(&ahead), "{ahead}");
+    assert!(rows.iter().all(|r| r.key.is_none()));
+}

@@ -384,6 +384,9 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
+    if jobs.iter().all(|job| job.key.is_none()) {
+        return insert_unkeyed(executor, &jobs).await;
+    }
     // Merge jobs of one (kind, key): a statement that meets one key twice fails with
     // "ON CONFLICT DO UPDATE command cannot affect row a second time".
     // `slot[i]` is the row that input i is written as.
@@ -435,56 +438,24 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
         *at = position[*at];
     }
 
+    let columns = Columns::of(&rows);
     let n = rows.len();
-    let mut kinds = Vec::with_capacity(n);
-    let mut keys = Vec::with_capacity(n);
-    let mut payloads = Vec::with_capacity(n);
-    let mut max_attempts = Vec::with_capacity(n);
-    let mut delays = Vec::with_capacity(n);
-    let mut ats = Vec::with_capacity(n);
-    let mut priorities = Vec::with_capacity(n);
-    for row in &rows {
-        kinds.push(row.kind);
-        keys.push(row.key.as_deref());
-        payloads.push(row.payload.as_str());
-        max_attempts.push(row.max_attempts);
-        delays.push(row.delay_ms);
-        ats.push(row.at);
-        priorities.push(row.priority);
-    }
-    // Columns where every row has the default go as empty arrays (see `ENQUEUE_MANY`).
-    if keys.iter().all(Option::is_none) {
-        keys.clear();
-    }
-    if delays.iter().all(|d| *d == 0) {
-        delays.clear();
-    }
-    if ats.iter().all(Option::is_none) {
-        ats.clear();
-    }
-    if priorities.iter().all(|p| *p == 0) {
-        priorities.clear();
-    }
-    let mut notify: Vec<&'static str> = kinds.clone();
-    notify.sort_unstable();
-    notify.dedup();
-    notify.retain(|kind| notify_now(kind));
     let returned: Vec<ManyRow> = crate::pooler::query_as(sql::ENQUEUE_MANY)
-        .bind(&kinds)
-        .bind(&keys)
-        .bind(&payloads)
-        .bind(&max_attempts)
-        .bind(&delays)
-        .bind(&notify)
-        .bind(&ats)
-        .bind(&priorities)
+        .bind(&columns.kinds)
+        .bind(&columns.keys)
+        .bind(&columns.payloads)
+        .bind(&columns.max_attempts)
+        .bind(&columns.delays)
+        .bind(columns.notify())
+        .bind(&columns.ats)
+        .bind(&columns.priorities)
         .fetch_all(executor)
         .await?;
 
     // Map the returned rows back to their input rows: a keyed row by its (kind, key),
     // unique in the merged batch; unkeyed rows are always inserted, and their ids,
     // drawn from the sequence as the rows were fed in input order, rise in that order.
-    let distinct_kinds: HashSet<&'static str> = kinds.iter().copied().collect();
+    let distinct_kinds: HashSet<&'static str> = columns.kinds.iter().copied().collect();
     let mut per_row: Vec<Option<Enqueued>> = vec![None; n];
     let mut unkeyed_returned = Vec::new();
     for (id, kind, key, inserted, state) in returned {
@@ -533,6 +504,81 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
         results.push(result);
     }
     Ok(results)
+}
+
+/// A batch in which no job has a key: nothing to merge or order, every row inserted,
+/// and the ids come back as one array, in push order (`sql::ENQUEUE_UNKEYED`).
+async fn insert_unkeyed<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    jobs: &[NewJob],
+) -> Result<Vec<Enqueued>, Error> {
+    let columns = Columns::of(jobs);
+    let (ids, _notified): (Vec<i64>, i64) = crate::pooler::query_as(sql::ENQUEUE_UNKEYED)
+        .bind(&columns.kinds)
+        .bind(&columns.payloads)
+        .bind(&columns.max_attempts)
+        .bind(&columns.delays)
+        .bind(columns.notify())
+        .bind(&columns.ats)
+        .bind(&columns.priorities)
+        .fetch_one(executor)
+        .await?;
+    if ids.len() != jobs.len() {
+        return Err(protocol(format!(
+            "bulk enqueue of {} jobs returned {} ids",
+            jobs.len(),
+            ids.len()
+        )));
+    }
+    Ok(ids
+        .into_iter()
+        .map(|id| Enqueued {
+            id,
+            outcome: EnqueueOutcome::Inserted,
+        })
+        .collect())
+}
+
+/// The columns of a bulk enqueue, one array each, in row order. A column where every
+/// row has the default (no key, no delay, no instant, priority 0) is left empty: the
+/// statements read the missing elements as those defaults, and the server decodes
+/// fewer of them.
+struct Columns<'a> {
+    kinds: Vec<&'static str>,
+    keys: Vec<Option<&'a str>>,
+    payloads: Vec<&'a str>,
+    max_attempts: Vec<i32>,
+    delays: Vec<i64>,
+    ats: Vec<Option<DateTime<Utc>>>,
+    priorities: Vec<i16>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(rows: &'a [NewJob]) -> Self {
+        let defaults = |all: bool| if all { 0 } else { rows.len() };
+        let keys = defaults(rows.iter().all(|r| r.key.is_none()));
+        let delays = defaults(rows.iter().all(|r| r.delay_ms == 0));
+        let ats = defaults(rows.iter().all(|r| r.at.is_none()));
+        let priorities = defaults(rows.iter().all(|r| r.priority == 0));
+        Self {
+            kinds: rows.iter().map(|r| r.kind).collect(),
+            keys: rows.iter().take(keys).map(|r| r.key.as_deref()).collect(),
+            payloads: rows.iter().map(|r| r.payload.as_str()).collect(),
+            max_attempts: rows.iter().map(|r| r.max_attempts).collect(),
+            delays: rows.iter().take(delays).map(|r| r.delay_ms).collect(),
+            ats: rows.iter().take(ats).map(|r| r.at).collect(),
+            priorities: rows.iter().take(priorities).map(|r| r.priority).collect(),
+        }
+    }
+
+    /// The batch's kinds that send their wake-up notification now ([`notify_now`]).
+    fn notify(&self) -> Vec<&'static str> {
+        let mut notify = self.kinds.clone();
+        notify.sort_unstable();
+        notify.dedup();
+        notify.retain(|kind| notify_now(kind));
+        notify
+    }
 }
 
 /// A row of `sql::ENQUEUE_MANY`: id, kind, key, inserted, state. An unkeyed row comes
