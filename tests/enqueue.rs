@@ -558,16 +558,20 @@ async fn enqueue_with_refuses_options_the_database_cannot_keep(pool: PgPool) {
     assert_eq!(rows, 0, "nothing was written");
 }
 
+/// A whole second two hours ahead on the database clock: an instant a job can be
+/// scheduled at and read back equal.
+async fn two_hours_ahead(pool: &PgPool) -> sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc> {
+    sqlx::query_scalar("SELECT date_trunc('second', now()) + interval '2 hours'")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn batches_take_options_per_job(pool: PgPool) {
     use jobs::EnqueueOptions;
-    use sqlx::types::chrono::{DateTime, Utc};
 
-    let at: DateTime<Utc> =
-        sqlx::query_scalar("SELECT date_trunc('second', now()) + interval '2 hours'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let at = two_hours_ahead(&pool).await;
     let mut batch = EnqueueBatch::new();
     batch
         .push_with(
@@ -611,15 +615,10 @@ async fn batches_take_options_per_job(pool: PgPool) {
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn unkeyed_batches_take_options_per_job_and_return_ids_in_push_order(pool: PgPool) {
     use jobs::EnqueueOptions;
-    use sqlx::types::chrono::{DateTime, Utc};
 
     // No job has a key: the batch takes the unkeyed statement, which returns its ids
     // as one array. Each job's own options must still reach its own row.
-    let at: DateTime<Utc> =
-        sqlx::query_scalar("SELECT date_trunc('second', now()) + interval '2 hours'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let at = two_hours_ahead(&pool).await;
     let mut batch = EnqueueBatch::new();
     batch
         .push(&Plain { n: 0 })

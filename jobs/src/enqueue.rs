@@ -3,6 +3,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
 use sqlx::types::chrono::{DateTime, Utc};
 
 use crate::error::Error;
@@ -440,15 +443,8 @@ async fn insert_many<'e, E: sqlx::PgExecutor<'e>>(
 
     let columns = Columns::of(&rows);
     let n = rows.len();
-    let returned: Vec<ManyRow> = crate::pooler::query_as(sql::ENQUEUE_MANY)
-        .bind(&columns.kinds)
-        .bind(&columns.keys)
-        .bind(&columns.payloads)
-        .bind(&columns.max_attempts)
-        .bind(&columns.delays)
-        .bind(columns.notify())
-        .bind(&columns.ats)
-        .bind(&columns.priorities)
+    let returned: Vec<ManyRow> = columns
+        .bind(crate::pooler::query_as(sql::ENQUEUE_MANY), true)
         .fetch_all(executor)
         .await?;
 
@@ -513,14 +509,8 @@ async fn insert_unkeyed<'e, E: sqlx::PgExecutor<'e>>(
     jobs: &[NewJob],
 ) -> Result<Vec<Enqueued>, Error> {
     let columns = Columns::of(jobs);
-    let (ids, _notified): (Vec<i64>, i64) = crate::pooler::query_as(sql::ENQUEUE_UNKEYED)
-        .bind(&columns.kinds)
-        .bind(&columns.payloads)
-        .bind(&columns.max_attempts)
-        .bind(&columns.delays)
-        .bind(columns.notify())
-        .bind(&columns.ats)
-        .bind(&columns.priorities)
+    let (ids, _notified): (Vec<i64>, i64) = columns
+        .bind(crate::pooler::query_as(sql::ENQUEUE_UNKEYED), false)
         .fetch_one(executor)
         .await?;
     if ids.len() != jobs.len() {
@@ -571,13 +561,28 @@ impl<'a> Columns<'a> {
         }
     }
 
-    /// The batch's kinds that send their wake-up notification now ([`notify_now`]).
-    fn notify(&self) -> Vec<&'static str> {
+    /// Binds the columns in the statements' order: kinds, keys (only if `keys`: the
+    /// unkeyed statement has none), payloads, max_attempts, delays, the kinds to notify
+    /// (those of the batch that send their wake-up notification now, [`notify_now`]),
+    /// run-afters and priorities.
+    fn bind<'q, O>(
+        &'q self,
+        query: QueryAs<'q, Postgres, O, PgArguments>,
+        keys: bool,
+    ) -> QueryAs<'q, Postgres, O, PgArguments> {
         let mut notify = self.kinds.clone();
         notify.sort_unstable();
         notify.dedup();
         notify.retain(|kind| notify_now(kind));
-        notify
+        let query = query.bind(&self.kinds);
+        let query = if keys { query.bind(&self.keys) } else { query };
+        query
+            .bind(&self.payloads)
+            .bind(&self.max_attempts)
+            .bind(&self.delays)
+            .bind(notify)
+            .bind(&self.ats)
+            .bind(&self.priorities)
     }
 }
 
