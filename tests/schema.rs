@@ -60,3 +60,22 @@ async fn lease_renewals_are_hot_updates(pool: PgPool) {
     assert_eq!(updates, 300);
     assert_eq!(hot, updates, "every renewal was a HOT update");
 }
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn autoanalyze_is_spaced_on_the_job_table(pool: PgPool) {
+    // A busy queue changes thousands of rows a second: at PostgreSQL's default
+    // threshold (50) autovacuum analyzed the table every naptime, which under a held
+    // xmin horizon read an ever larger table each second (BENCHMARKS.md).
+    let options: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(reloptions) FROM pg_class WHERE oid = 'jobs'::regclass")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let threshold: i64 = options
+        .iter()
+        .find_map(|o| o.strip_prefix("autovacuum_analyze_threshold="))
+        .unwrap_or_else(|| panic!("no analyze threshold among {options:?}"))
+        .parse()
+        .unwrap();
+    assert!(threshold >= 100_000, "{threshold}");
+}

@@ -1,0 +1,17 @@
+-- Autoanalyze of the job table after 100,000 changed rows (plus 2 % of its rows), not
+-- after PostgreSQL's default 50. A queue changes each job's row three times or more
+-- (insert, claim, delete), so at 1,000 jobs/s the default analyzed the table every
+-- autovacuum naptime; this spaces it to about every 30 s at that rate.
+--
+-- Nothing the runtime runs often depends on fresh statistics: claims read a range of
+-- `jobs_claim` with constant limits, renewals and completions probe their claims by
+-- id, whatever the statistics say (tests/runtime.rs). But each analyze costs: it
+-- samples the table, and it invalidates every cached plan on it. While a transaction
+-- holds the xmin horizon back the table grows by every finished job's row versions
+-- and each analyze reads more of it: in the held-horizon benchmark (BENCHMARKS.md) the
+-- pickup's p95 rose to 2.3 times its clean value with an analyze every second, and
+-- stayed within 1.2 times with them spaced.
+--
+-- Setting a storage parameter takes a SHARE UPDATE EXCLUSIVE lock: reads and writes of
+-- the table go on meanwhile.
+ALTER TABLE jobs SET (autovacuum_analyze_threshold = 100000);
