@@ -607,6 +607,46 @@ struct Keyed {
     key: String,
 }
 
+/// Enqueues the keys `{round}-a`, `-x` and `-b`, and returns a transaction that holds
+/// the row lock of `-x`.
+async fn seed_and_hold_x(
+    pool: &PgPool,
+    round: usize,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let key = |k: &str| format!("{round}-{k}");
+    jobs::enqueue_all(
+        pool,
+        &[
+            Keyed { key: key("a") },
+            Keyed { key: key("x") },
+            Keyed { key: key("b") },
+        ],
+    )
+    .await
+    .unwrap();
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM jobs WHERE key = $1 FOR UPDATE")
+        .bind(key("x"))
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder
+}
+
+/// Waits until two sessions of the test's database wait for a lock.
+async fn both_batches_wait_for_a_lock(pool: &PgPool) {
+    wait_until("both batches wait for a lock", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        waiting == 2
+    })
+    .await;
+}
+
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn overlapping_batches_never_deadlock(pool: PgPool) {
     // Batches [a, x, b] and [b, x, a] while a third transaction holds x: each batch
@@ -614,22 +654,7 @@ async fn overlapping_batches_never_deadlock(pool: PgPool) {
     // first key. Locked in input order, that is a deadlock every time.
     for round in 0..3 {
         let key = |k: &str| format!("{round}-{k}");
-        jobs::enqueue_all(
-            &pool,
-            &[
-                Keyed { key: key("a") },
-                Keyed { key: key("x") },
-                Keyed { key: key("b") },
-            ],
-        )
-        .await
-        .unwrap();
-        let mut holder = pool.begin().await.unwrap();
-        sqlx::query("SELECT id FROM jobs WHERE key = $1 FOR UPDATE")
-            .bind(key("x"))
-            .execute(&mut *holder)
-            .await
-            .unwrap();
+        let holder = seed_and_hold_x(&pool, round).await;
         let mut tasks = Vec::new();
         for order in [["a", "x", "b"], ["b", "x", "a"]] {
             let pool = pool.clone();
@@ -641,16 +666,7 @@ async fn overlapping_batches_never_deadlock(pool: PgPool) {
                 Ok::<_, jobs::Error>(())
             }));
         }
-        wait_until("both batches wait for a lock", || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            waiting == 2
-        })
-        .await;
+        both_batches_wait_for_a_lock(&pool).await;
         holder.commit().await.unwrap();
         for task in tasks {
             task.await
@@ -669,22 +685,7 @@ async fn overlapping_batches_never_deadlock(pool: PgPool) {
 async fn overlapping_batches_with_unkeyed_rows_never_deadlock(pool: PgPool) {
     for round in 0..3 {
         let key = |k: &str| format!("{round}-{k}");
-        jobs::enqueue_all(
-            &pool,
-            &[
-                Keyed { key: key("a") },
-                Keyed { key: key("x") },
-                Keyed { key: key("b") },
-            ],
-        )
-        .await
-        .unwrap();
-        let mut holder = pool.begin().await.unwrap();
-        sqlx::query("SELECT id FROM jobs WHERE key = $1 FOR UPDATE")
-            .bind(key("x"))
-            .execute(&mut *holder)
-            .await
-            .unwrap();
+        let holder = seed_and_hold_x(&pool, round).await;
         let mut tasks = Vec::new();
         for (b, order) in [["a", "x", "b"], ["b", "x", "a"]].into_iter().enumerate() {
             let pool = pool.clone();
@@ -701,16 +702,7 @@ async fn overlapping_batches_with_unkeyed_rows_never_deadlock(pool: PgPool) {
                 Ok::<_, jobs::Error>(results)
             }));
         }
-        wait_until("both batches wait for a lock", || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            waiting == 2
-        })
-        .await;
+        both_batches_wait_for_a_lock(&pool).await;
         holder.commit().await.unwrap();
         for task in tasks {
             let results = task

@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -670,4 +671,44 @@ async fn unkeyed_batches_take_options_per_job_and_return_ids_in_push_order(pool:
     let (ahead, _) = scheduled(&pool, done[0].id).await;
     assert!((0.0..1.0).contains(&ahead), "{ahead}");
     assert!(rows.iter().all(|r| r.key.is_none()));
+}
+
+/// Two unkeyed batches at the same instant draw their ids from one sequence, interleaved
+/// when their inserts overlap; each batch's ids must still name its own jobs, in push
+/// order (the statement returns them as one array, mapped back by position).
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn concurrent_unkeyed_batches_map_each_id_to_its_own_job(pool: PgPool) {
+    for round in 0..4 {
+        let tasks: Vec<_> = (0..2)
+            .map(|b| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let jobs: Vec<Plain> = (0..2_000)
+                        .map(|i| Plain {
+                            n: round * 1_000_000 + b * 100_000 + i,
+                        })
+                        .collect();
+                    let results = jobs::enqueue_all(&pool, &jobs).await.unwrap();
+                    (jobs, results)
+                })
+            })
+            .collect();
+        for task in tasks {
+            let (jobs, results) = task.await.unwrap();
+            let ids: Vec<i64> = results.iter().map(|e| e.id).collect();
+            let stored: HashMap<i64, i32> = sqlx::query_as::<_, (i64, i32)>(
+                "SELECT id, (payload->>'n')::int FROM jobs WHERE id = ANY($1)",
+            )
+            .bind(&ids)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+            assert_eq!(stored.len(), jobs.len(), "round {round}: every id is a row");
+            for (job, id) in jobs.iter().zip(&ids) {
+                assert_eq!(stored[id], job.n, "round {round}: id {id}");
+            }
+        }
+    }
 }

@@ -55,6 +55,18 @@ CROSS JOIN LATERAL (
 ) notify
 "#;
 
+/// The run-after of a row `u` of a bulk enqueue ([`ENQUEUE_MANY`], [`ENQUEUE_UNKEYED`]):
+/// its instant `u.at` if it has one (now, if that has passed: no row is made pending
+/// behind the claims' floor, [`CLAIM_FLOOR_LAG`]), else now plus its delay `u.delay_ms`
+/// (none when NULL), counted from the statement's start as in [`ENQUEUE_ONE`].
+macro_rules! bulk_run_after {
+    () => {
+        "CASE WHEN u.at IS NULL
+                THEN statement_timestamp() + coalesce(u.delay_ms, 0) * interval '1 millisecond'
+                ELSE greatest(u.at, statement_timestamp()) END"
+    };
+}
+
 /// Inserts many jobs in one statement; the caller has merged jobs of one key already
 /// (one statement may not update one row twice).
 ///
@@ -75,13 +87,14 @@ CROSS JOIN LATERAL (
 /// rows rise in array order; each keyed row comes back with its kind and key, which
 /// name its input. Index: `jobs_live_key`, as [`ENQUEUE_ONE`], for keyed rows. One
 /// notification per kind that has a pending job, as [`ENQUEUE_ONE`].
-pub(crate) const ENQUEUE_MANY: &str = r#"
+pub(crate) const ENQUEUE_MANY: &str = concat!(
+    r#"
 WITH u AS (
     SELECT u.kind, u.key, u.payload::jsonb AS payload, u.max_attempts,
            coalesce(u.priority, 0) AS priority,
-           CASE WHEN u.at IS NULL
-                THEN statement_timestamp() + coalesce(u.delay_ms, 0) * interval '1 millisecond'
-                ELSE greatest(u.at, statement_timestamp()) END AS run_after,
+           "#,
+    bulk_run_after!(),
+    r#" AS run_after,
            u.ord
     FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $7::timestamptz[],
                 $8::smallint[])
@@ -121,7 +134,8 @@ FROM plain CROSS JOIN notify
 UNION ALL
 SELECT keyed.id, keyed.kind, keyed.key, keyed.inserted, keyed.state
 FROM keyed CROSS JOIN notify
-"#;
+"#
+);
 
 /// [`ENQUEUE_MANY`] for a batch in which no row has a key: its plain `INSERT` alone,
 /// and the ids as one array, in array order (they rise in the order the rows are fed),
@@ -135,13 +149,14 @@ FROM keyed CROSS JOIN notify
 /// arrays as [`ENQUEUE_MANY`]. Every row is inserted and pending, so every kind of `$5`
 /// is notified (the caller lists only the batch's own kinds). No lock is taken that
 /// another statement waits for; no index is read.
-pub(crate) const ENQUEUE_UNKEYED: &str = r#"
+pub(crate) const ENQUEUE_UNKEYED: &str = concat!(
+    r#"
 WITH plain AS (
     INSERT INTO jobs AS j (kind, payload, max_attempts, priority, run_after)
     SELECT u.kind, u.payload::jsonb, u.max_attempts, coalesce(u.priority, 0),
-           CASE WHEN u.at IS NULL
-                THEN statement_timestamp() + coalesce(u.delay_ms, 0) * interval '1 millisecond'
-                ELSE greatest(u.at, statement_timestamp()) END
+           "#,
+    bulk_run_after!(),
+    r#"
     FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $6::timestamptz[],
                 $7::smallint[])
          WITH ORDINALITY AS u(kind, payload, max_attempts, delay_ms, at, priority, ord)
@@ -150,7 +165,8 @@ WITH plain AS (
 )
 SELECT coalesce((SELECT array_agg(id ORDER BY id) FROM plain), '{}'::bigint[]),
        (SELECT count(pg_notify('jobs', k)) FROM unnest($5::text[]) AS k)
-"#;
+"#
+);
 
 /// The text of [`CLAIM`] and [`CLAIM_FROM`]: `$floor` is empty for the first and, for
 /// the second, the condition that starts each (kind, priority) scan at its floor,
