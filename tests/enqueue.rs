@@ -510,6 +510,16 @@ async fn enqueue_with_sets_delay_instant_and_attempts(pool: PgPool) {
     assert_eq!(row.run_after, at);
     assert_eq!(row.max_attempts, 20, "the kind's default");
 
+    // The same for a job without a key (a statement of its own), with a priority.
+    let plain = Plain { n: 4 }
+        .enqueue_with(&pool, EnqueueOptions::new().at(at).priority(3))
+        .await
+        .unwrap();
+    assert!(plain.inserted());
+    let row = jobs::admin::get(&pool, plain.id).await.unwrap().unwrap();
+    assert_eq!((row.run_after, row.priority, row.key), (at, 3, None));
+    assert_eq!(row.payload, serde_json::json!({ "n": 4 }));
+
     // An instant already past counts as now: the job is due, never behind the
     // enqueue's own time.
     let past = Plain { n: 2 }

@@ -276,6 +276,22 @@ pub(crate) async fn insert_one<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     job: NewJob,
 ) -> Result<Enqueued, Error> {
+    if job.key.is_none() {
+        let id: i64 = crate::pooler::query_scalar(sql::ENQUEUE_ONE_UNKEYED)
+            .bind(job.kind)
+            .bind(job.payload)
+            .bind(job.max_attempts)
+            .bind(job.delay_ms)
+            .bind(notify_now(job.kind))
+            .bind(job.at)
+            .bind(job.priority)
+            .fetch_one(executor)
+            .await?;
+        return Ok(Enqueued {
+            id,
+            outcome: EnqueueOutcome::Inserted,
+        });
+    }
     let (id, inserted, state): (i64, bool, String) = crate::pooler::query_as(sql::ENQUEUE_ONE)
         .bind(job.kind)
         .bind(job.key)
