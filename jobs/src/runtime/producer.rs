@@ -202,6 +202,12 @@ pub(super) async fn run(
             Ok(filled) => {
                 more = filled;
                 backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+                if !filled {
+                    // Idle next: let the executors just started (each waiting in this
+                    // worker's next-task slot) begin their handlers before the next-due
+                    // query is written, which would otherwise go first.
+                    tokio::task::yield_now().await;
+                }
             }
             Err(e) => {
                 conn = None; // it may be broken: take a fresh one next time
