@@ -439,6 +439,8 @@ async fn w3(runs: usize) {
     let mut p50 = Vec::new();
     let mut p99 = Vec::new();
     let mut max = Vec::new();
+    let mut floor_p50 = Vec::new();
+    let mut floor_p99 = Vec::new();
     for _ in 0..runs {
         let pool = fresh_database(12).await;
         STARTED
@@ -477,11 +479,82 @@ async fn w3(runs: usize) {
         p50.push(lat[lat.len() / 2]);
         p99.push(lat[lat.len() * 99 / 100]);
         max.push(lat[lat.len() - 1]);
+        let floor = pickup_floor(&pool).await;
+        floor_p50.push(floor[floor.len() / 2]);
+        floor_p99.push(floor[floor.len() * 99 / 100]);
         pool.close().await;
     }
     report("W3 pickup latency p50", "ms", p50, &[]);
     report("W3 pickup latency p99", "ms", p99, &[]);
     report("W3 pickup latency max", "ms", max, &[]);
+    report("W3 raw floor p50", "ms", floor_p50, &[]);
+    report("W3 raw floor p99", "ms", floor_p99, &[]);
+}
+
+/// The floor under W3 on this machine: the least a queue on this database can do, in
+/// raw SQL on connections held open (no pool acquire). One client inserts a row and
+/// notifies in one statement; a listener, on each notification, claims the oldest
+/// pending row in an update that commits, and notes when the answer arrives. Two
+/// commits in series and a notification between them, as in W3; 200 rows, one every
+/// 20 ms. Returns the latencies in ms, sorted.
+async fn pickup_floor(pool: &PgPool) -> Vec<f64> {
+    sqlx::query(
+        "CREATE TABLE floor_q (id bigserial PRIMARY KEY, payload jsonb NOT NULL, \
+         pending bool NOT NULL DEFAULT true, claimed_until timestamptz)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("CREATE INDEX ON floor_q (id) WHERE pending")
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .unwrap();
+    listener.listen("bench_floor").await.unwrap();
+    let mut claimer = pool.acquire().await.unwrap();
+    let mut producer = pool.acquire().await.unwrap();
+    let claims = tokio::spawn(async move {
+        let mut at = HashMap::new();
+        while at.len() < 200 {
+            listener.recv().await.unwrap();
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "UPDATE floor_q SET pending = false, claimed_until = now() + interval '30 s' \
+                 WHERE id = ANY(ARRAY(SELECT id FROM floor_q WHERE pending ORDER BY id \
+                 LIMIT 10 FOR UPDATE SKIP LOCKED)) RETURNING id",
+            )
+            .fetch_all(&mut *claimer)
+            .await
+            .unwrap();
+            let now = Instant::now();
+            for id in ids {
+                at.insert(id, now);
+            }
+        }
+        at
+    });
+    let mut sent = HashMap::new();
+    for seq in 0..200 {
+        let t = Instant::now();
+        let id: i64 = sqlx::query_scalar(
+            "WITH ins AS (INSERT INTO floor_q (payload) VALUES ($1) RETURNING id) \
+             SELECT id FROM ins, pg_notify('bench_floor', '')",
+        )
+        .bind(serde_json::json!({ "seq": seq }))
+        .fetch_one(&mut *producer)
+        .await
+        .unwrap();
+        sent.insert(id, t);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let claimed = claims.await.unwrap();
+    let mut lat: Vec<f64> = sent
+        .iter()
+        .map(|(id, t)| claimed[id].duration_since(*t).as_secs_f64() * 1000.0)
+        .collect();
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    lat
 }
 
 /// W6: an idle runtime (default poll interval, 1 s) and 200 jobs each scheduled 50 to
