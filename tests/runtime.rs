@@ -90,6 +90,39 @@ async fn two_runtimes_run_every_job_exactly_once(pool: PgPool) {
     );
 }
 
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn full_claims_beside_floor_claims_run_every_job_exactly_once(pool: PgPool) {
+    // A full claim (from the start of the ranges) runs beside the claims from the
+    // floors, on another connection; with a short poll interval one is in flight every
+    // few claims. Jobs keep arriving while the runtime drains, so both find work.
+    setup(&pool).await;
+    let rt = Running::start(
+        runtime(&pool, &["rt.count"])
+            .concurrency(20)
+            .poll_interval(Duration::from_millis(5)),
+    );
+    for round in 0..20 {
+        let mut batch = EnqueueBatch::new();
+        for n in 0..200 {
+            batch.push(&Count { n: round * 200 + n }).unwrap();
+        }
+        batch.enqueue(&pool).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_until("all 4000 jobs done", || async {
+        common::live(&pool).await == 0
+    })
+    .await;
+    rt.stop().await;
+    let (runs, distinct): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT job_id) FROM runs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(distinct, 4_000, "every job ran");
+    assert_eq!(runs, 4_000, "no job ran twice");
+}
+
 // ---------------------------------------------------------------------------------
 // Retries, permanent failure, snooze, panic, timeout, bad payload, max attempts.
 

@@ -94,6 +94,9 @@ pub(super) async fn run(
     let mut rates = Rates::new(&shared);
     let mut floors = Floors::default();
     let mut paused = Paused::default();
+    // The full claim in flight, if any (`full_claim`).
+    let mut full: Option<tokio::task::JoinHandle<FullAnswer>> = None;
+    let full_done = Arc::new(tokio::sync::Notify::new());
 
     loop {
         if *stop.borrow() {
@@ -126,6 +129,26 @@ pub(super) async fn run(
                 *free = 0;
             }
         }
+        if full
+            .as_ref()
+            .is_some_and(tokio::task::JoinHandle::is_finished)
+        {
+            let answer = full.take().expect("checked").await;
+            more |= settle_full(&shared, answer, &mut floors, &executors).await;
+            continue;
+        }
+        // A full claim is due: it starts beside the claims from the floors.
+        if full.is_none()
+            && floors.full_due(shared.poll_interval)
+            && let Some(ask) = Ask::new(total_free, &per_kind, None)
+        {
+            floors.last_full = Some(Instant::now());
+            full = Some(tokio::spawn(full_claim(
+                shared.clone(),
+                ask,
+                full_done.clone(),
+            )));
+        }
         if total_free == 0 || per_kind.iter().all(|(_, n)| *n == 0) {
             // While a kind is paused, look again within a poll interval even if no
             // slot frees meanwhile.
@@ -155,6 +178,7 @@ pub(super) async fn run(
                 _ = poll.tick() => false,
                 () = sleep_until_due(due) => false,
                 () = sleep_if(follow_up, FOLLOW_UP) => false,
+                _ = full_done.notified(), if full.is_some() => false,
                 _ = stop.changed() => false,
             };
             follow_up = signalled;
@@ -222,6 +246,11 @@ pub(super) async fn run(
             }
         }
     }
+    // A full claim still in flight: start what it took, so that those jobs are handed
+    // back now (shutdown has begun) rather than left to their leases.
+    if let Some(handle) = full.take() {
+        settle_full(&shared, handle.await, &mut floors, &executors).await;
+    }
 }
 
 /// The kinds an operator has paused (`jobs::admin::pause`), as last read.
@@ -279,9 +308,10 @@ struct Floors {
 }
 
 impl Floors {
-    /// Whether the next claim is a full one: at least once per poll interval, and no
-    /// more often than every 100 times the last full claim's duration (but at least
-    /// every 30 s, so that one slow full claim cannot put the next far off).
+    /// Whether a full claim is due (it starts beside the claims from the floors): at
+    /// least once per poll interval, and no more often than every 100 times the last
+    /// full claim's duration (but at least every 30 s, so that one slow full claim
+    /// cannot put the next far off). Counted from the start of the last one.
     fn full_due(&self, poll: Duration) -> bool {
         self.last_full.is_none_or(|at| {
             at.elapsed() >= poll.max((self.full_took * 100).min(Duration::from_secs(30)))
@@ -415,9 +445,84 @@ async fn sleep_until_due(due: Option<Duration>) {
     }
 }
 
-/// One round of claims: every kind with free capacity in one statement, whatever its
-/// lease mode, so that kinds take turns by `run_after`. Returns whether any kind may
-/// have more claimable jobs.
+/// What one claim asks for: the kinds with free capacity, each kind's limit and lease,
+/// the floors (none for a full claim), the total, and the statement that fits.
+struct Ask {
+    kinds: Vec<&'static str>,
+    limits: Vec<i32>,
+    leases: Vec<i64>,
+    from: Vec<f64>,
+    want: usize,
+    statement: &'static str,
+}
+
+impl Ask {
+    /// The claim of every kind with free capacity; from the floors, or from the start
+    /// of each kind's range (`floors` None: a full claim). None if no kind has room.
+    fn new(
+        total_free: usize,
+        per_kind: &[(&'static HandlerInfo, usize)],
+        floors: Option<&Floors>,
+    ) -> Option<Ask> {
+        let mut ask = Ask {
+            kinds: Vec::new(),
+            limits: Vec::new(),
+            leases: Vec::new(),
+            from: Vec::new(),
+            want: 0,
+            statement: "",
+        };
+        let mut asked = 0usize;
+        for (info, free) in per_kind {
+            if *free > 0 {
+                ask.kinds.push(info.kind);
+                ask.limits.push(i32::try_from(*free).unwrap_or(i32::MAX));
+                ask.leases.push(millis(info.config.lease_length()));
+                if let Some(floors) = floors {
+                    ask.from.extend(floors.floors(info.kind));
+                }
+                asked = asked.saturating_add(*free);
+            }
+        }
+        if ask.kinds.is_empty() {
+            return None;
+        }
+        ask.want = asked.min(total_free);
+        // The kinds' limits add up to more than the claim takes (several kinds, each
+        // allowed all the free slots): the claim that shares the limit among them.
+        ask.statement = match (asked > ask.want, floors.is_none()) {
+            (true, true) => sql::CLAIM_SPLIT,
+            (true, false) => sql::CLAIM_SPLIT_FROM,
+            (false, true) => sql::CLAIM,
+            (false, false) => sql::CLAIM_FROM,
+        };
+        Some(ask)
+    }
+
+    /// Runs the claim on `conn`.
+    async fn fetch(
+        &self,
+        shared: &Shared,
+        conn: &mut PoolConnection<Postgres>,
+    ) -> Result<Vec<ClaimRow>, sqlx::Error> {
+        crate::pooler::alone!(
+            &mut **conn,
+            crate::pooler::query_as(self.statement)
+                .bind(&self.kinds)
+                .bind(&self.limits)
+                .bind(&self.leases)
+                .bind(i32::try_from(self.want).unwrap_or(i32::MAX))
+                .bind(&self.from)
+                .bind(shared.runtime_id),
+            fetch_all
+        )
+        .await
+    }
+}
+
+/// One round of claims from the floors: every kind with free capacity in one
+/// statement, whatever its lease mode, so that kinds take turns by `run_after`.
+/// Returns whether any kind may have more claimable jobs.
 async fn claim(
     shared: &Arc<Shared>,
     conn: &mut Option<PoolConnection<Postgres>>,
@@ -426,61 +531,73 @@ async fn claim(
     floors: &mut Floors,
     executors: &mut JoinSet<()>,
 ) -> Result<bool, sqlx::Error> {
-    let full = floors.full_due(shared.poll_interval);
-    let mut kinds = Vec::new();
-    let mut limits = Vec::new();
-    let mut leases = Vec::new();
-    let mut from = Vec::new();
-    let mut asked = 0usize;
-    for (info, free) in per_kind {
-        if *free > 0 {
-            kinds.push(info.kind);
-            limits.push(i32::try_from(*free).unwrap_or(i32::MAX));
-            leases.push(millis(info.config.lease_length()));
-            if !full {
-                from.extend(floors.floors(info.kind));
-            }
-            asked = asked.saturating_add(*free);
-        }
-    }
-    if kinds.is_empty() {
+    let Some(ask) = Ask::new(total_free, per_kind, Some(floors)) else {
         return Ok(false);
-    }
-    let want = asked.min(total_free);
+    };
     let claimer = match conn {
         Some(c) => c,
         None => conn.insert(shared.db.acquire().await?),
     };
-    // The kinds' limits add up to more than the claim takes (several kinds, each
-    // allowed all the free slots): the claim that shares the limit among them.
-    let statement = match (asked > want, full) {
-        (true, true) => sql::CLAIM_SPLIT,
-        (true, false) => sql::CLAIM_SPLIT_FROM,
-        (false, true) => sql::CLAIM,
-        (false, false) => sql::CLAIM_FROM,
-    };
-    let started = Instant::now();
-    let rows: Vec<ClaimRow> = crate::pooler::alone!(
-        &mut **claimer,
-        crate::pooler::query_as(statement)
-            .bind(&kinds)
-            .bind(&limits)
-            .bind(&leases)
-            .bind(i32::try_from(want).unwrap_or(i32::MAX))
-            .bind(&from)
-            .bind(shared.runtime_id),
-        fetch_all
-    )
-    .await?;
-    if full {
-        floors.last_full = Some(Instant::now());
-        floors.full_took = started.elapsed();
-    }
-    let more = rows.len() >= want;
+    let rows = ask.fetch(shared, claimer).await?;
+    let more = rows.len() >= ask.want;
     for row in rows {
         start(shared, row, floors, executors);
     }
     Ok(more)
+}
+
+/// A full claim's answer: its rows, how long it took, and how many it asked for.
+type FullAnswer = (Result<Vec<ClaimRow>, sqlx::Error>, Duration, usize);
+
+/// A full claim, from the start of each kind's range, on a connection of its own. It
+/// runs beside the claims from the floors, never in front of them: while the xmin
+/// horizon is held it walks every dead entry left since the horizon (200 ms at a
+/// million, `bench horizon`), and pickups waited behind it. Concurrent claims take
+/// disjoint rows (`SKIP LOCKED`); together they may hold up to twice the free capacity
+/// for a moment, and what has no slot waits for one as a claim taken ahead does. Its
+/// connection goes back to the runtime's pool after each (full claims are at most one
+/// per poll interval).
+async fn full_claim(shared: Arc<Shared>, ask: Ask, done: Arc<tokio::sync::Notify>) -> FullAnswer {
+    let started = Instant::now();
+    let query = async {
+        let mut conn = shared.db.acquire().await?;
+        ask.fetch(&shared, &mut conn).await
+    };
+    let rows = super::answer_within(shared.answer_within, "the full claim", query).await;
+    done.notify_one();
+    (rows, started.elapsed(), ask.want)
+}
+
+/// Starts the jobs a finished full claim took. Returns whether it filled its ask.
+async fn settle_full(
+    shared: &Arc<Shared>,
+    answer: Result<FullAnswer, tokio::task::JoinError>,
+    floors: &mut Floors,
+    executors: &Executors,
+) -> bool {
+    match answer {
+        Ok((rows, took, want)) => {
+            floors.full_took = took;
+            match rows {
+                Ok(rows) => {
+                    let more = rows.len() >= want;
+                    let mut running = executors.lock().await;
+                    for row in rows {
+                        start(shared, row, floors, &mut running);
+                    }
+                    more
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot claim from the start of the ranges; retrying");
+                    false
+                }
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the full claim's task ended without an answer");
+            false
+        }
+    }
 }
 
 /// Starts the executor of a claimed job, and moves its kind's floor up to the job's
