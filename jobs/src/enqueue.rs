@@ -277,14 +277,7 @@ pub(crate) async fn insert_one<'e, E: sqlx::PgExecutor<'e>>(
     job: NewJob,
 ) -> Result<Enqueued, Error> {
     if job.key.is_none() {
-        let id: i64 = crate::pooler::query_scalar(sql::ENQUEUE_ONE_UNKEYED)
-            .bind(job.kind)
-            .bind(job.payload)
-            .bind(job.max_attempts)
-            .bind(job.delay_ms)
-            .bind(notify_now(job.kind))
-            .bind(job.at)
-            .bind(job.priority)
+        let (id,): (i64,) = bind_one(crate::pooler::query_as(sql::ENQUEUE_ONE_UNKEYED), job)
             .fetch_one(executor)
             .await?;
         return Ok(Enqueued {
@@ -292,21 +285,34 @@ pub(crate) async fn insert_one<'e, E: sqlx::PgExecutor<'e>>(
             outcome: EnqueueOutcome::Inserted,
         });
     }
-    let (id, inserted, state): (i64, bool, String) = crate::pooler::query_as(sql::ENQUEUE_ONE)
-        .bind(job.kind)
-        .bind(job.key)
+    let (id, inserted, state): (i64, bool, String) =
+        bind_one(crate::pooler::query_as(sql::ENQUEUE_ONE), job)
+            .fetch_one(executor)
+            .await?;
+    Ok(Enqueued {
+        id,
+        outcome: outcome(inserted, &state),
+    })
+}
+
+/// Binds one job's columns in the order of `sql::ENQUEUE_ONE`; without a key, in that
+/// of `sql::ENQUEUE_ONE_UNKEYED` (the same, less the key).
+fn bind_one<'q, O>(
+    query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    job: NewJob,
+) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+    let query = query.bind(job.kind);
+    let query = match job.key {
+        Some(key) => query.bind(key),
+        None => query,
+    };
+    query
         .bind(job.payload)
         .bind(job.max_attempts)
         .bind(job.delay_ms)
         .bind(notify_now(job.kind))
         .bind(job.at)
         .bind(job.priority)
-        .fetch_one(executor)
-        .await?;
-    Ok(Enqueued {
-        id,
-        outcome: outcome(inserted, &state),
-    })
 }
 
 /// Many jobs, of one kind or several, enqueued in one statement and one round trip.
