@@ -94,8 +94,27 @@ async fn two_runtimes_run_every_job_exactly_once(pool: PgPool) {
 async fn full_claims_beside_floor_claims_run_every_job_exactly_once(pool: PgPool) {
     // A full claim (from the start of the ranges) runs beside the claims from the
     // floors, on another connection; with a short poll interval one is in flight every
-    // few claims. Jobs keep arriving while the runtime drains, so both find work.
+    // few claims. Jobs keep arriving while the runtime drains, so both find work; and
+    // ten jobs, due first but locked by the application while the claims pass them,
+    // end behind the floor, where only full claims find them.
     setup(&pool).await;
+    let mut first = EnqueueBatch::new();
+    for n in 0..10 {
+        first.push(&Count { n: 100_000 + n }).unwrap();
+    }
+    let held: Vec<i64> = first
+        .enqueue(&pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let mut app = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobs WHERE id = ANY($1) FOR UPDATE")
+        .bind(&held)
+        .execute(&mut *app)
+        .await
+        .unwrap();
     let rt = Running::start(
         runtime(&pool, &["rt.count"])
             .concurrency(20)
@@ -109,7 +128,12 @@ async fn full_claims_beside_floor_claims_run_every_job_exactly_once(pool: PgPool
         batch.enqueue(&pool).await.unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    wait_until("all 4000 jobs done", || async {
+    wait_until("the 4000 jobs not held done", || async {
+        common::live(&pool).await == 10
+    })
+    .await;
+    app.commit().await.unwrap();
+    wait_until("the held jobs done", || async {
         common::live(&pool).await == 0
     })
     .await;
@@ -119,8 +143,8 @@ async fn full_claims_beside_floor_claims_run_every_job_exactly_once(pool: PgPool
             .fetch_one(&pool)
             .await
             .unwrap();
-    assert_eq!(distinct, 4_000, "every job ran");
-    assert_eq!(runs, 4_000, "no job ran twice");
+    assert_eq!(distinct, 4_010, "every job ran");
+    assert_eq!(runs, 4_010, "no job ran twice");
 }
 
 // ---------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ pub(super) async fn run(
             .is_some_and(tokio::task::JoinHandle::is_finished)
         {
             let answer = full.take().expect("checked").await;
-            more |= settle_full(&shared, answer, &mut floors, &executors).await;
+            more |= settle_full(answer, &mut floors);
             continue;
         }
         // A full claim is due: it starts beside the claims from the floors.
@@ -146,6 +146,7 @@ pub(super) async fn run(
             full = Some(tokio::spawn(full_claim(
                 shared.clone(),
                 ask,
+                executors.clone(),
                 full_done.clone(),
             )));
         }
@@ -246,10 +247,11 @@ pub(super) async fn run(
             }
         }
     }
-    // A full claim still in flight: start what it took, so that those jobs are handed
-    // back now (shutdown has begun) rather than left to their leases.
+    // A full claim still in flight: wait until it has started what it took, so that
+    // those jobs are handed back now (shutdown has begun) rather than left to their
+    // leases.
     if let Some(handle) = full.take() {
-        settle_full(&shared, handle.await, &mut floors, &executors).await;
+        settle_full(handle.await, &mut floors);
     }
 }
 
@@ -546,52 +548,59 @@ async fn claim(
     Ok(more)
 }
 
-/// A full claim's answer: its rows, how long it took, and how many it asked for.
-type FullAnswer = (Result<Vec<ClaimRow>, sqlx::Error>, Duration, usize);
+/// A full claim's answer: whether it filled its ask (or its error), and how long it
+/// took.
+type FullAnswer = (Result<bool, sqlx::Error>, Duration);
 
 /// A full claim, from the start of each kind's range, on a connection of its own. It
 /// runs beside the claims from the floors, never in front of them: while the xmin
 /// horizon is held it walks every dead entry left since the horizon (200 ms at a
 /// million, `bench horizon`), and pickups waited behind it. Concurrent claims take
 /// disjoint rows (`SKIP LOCKED`); together they may hold up to twice the free capacity
-/// for a moment, and what has no slot waits for one as a claim taken ahead does. Its
-/// connection goes back to the runtime's pool after each (full claims are at most one
-/// per poll interval).
-async fn full_claim(shared: Arc<Shared>, ask: Ask, done: Arc<tokio::sync::Notify>) -> FullAnswer {
-    let started = Instant::now();
+/// for a moment, and what has no slot waits for one as a claim taken ahead does. It
+/// starts what it took itself, the moment the answer arrives, whatever the producer is
+/// waiting for meanwhile: a claimed job's lease runs from the claim, and its renewals
+/// from its start. (Its jobs do not move the floors; the producer's claims do.) Its
+/// connection goes back to the runtime's pool after each (at most one per poll
+/// interval).
+async fn full_claim(
+    shared: Arc<Shared>,
+    ask: Ask,
+    executors: Executors,
+    done: Arc<tokio::sync::Notify>,
+) -> FullAnswer {
+    let begun = Instant::now();
     let query = async {
         let mut conn = shared.db.acquire().await?;
         ask.fetch(&shared, &mut conn).await
     };
     let rows = super::answer_within(shared.answer_within, "the full claim", query).await;
+    let took = begun.elapsed();
+    let filled = match rows {
+        Ok(rows) => {
+            let filled = rows.len() >= ask.want;
+            let mut running = executors.lock().await;
+            let mut floors = Floors::default();
+            for row in rows {
+                start(&shared, row, &mut floors, &mut running);
+            }
+            Ok(filled)
+        }
+        Err(e) => Err(e),
+    };
     done.notify_one();
-    (rows, started.elapsed(), ask.want)
+    (filled, took)
 }
 
-/// Starts the jobs a finished full claim took. Returns whether it filled its ask.
-async fn settle_full(
-    shared: &Arc<Shared>,
-    answer: Result<FullAnswer, tokio::task::JoinError>,
-    floors: &mut Floors,
-    executors: &Executors,
-) -> bool {
+/// Reads a finished full claim's answer. Returns whether it filled its ask.
+fn settle_full(answer: Result<FullAnswer, tokio::task::JoinError>, floors: &mut Floors) -> bool {
     match answer {
-        Ok((rows, took, want)) => {
+        Ok((filled, took)) => {
             floors.full_took = took;
-            match rows {
-                Ok(rows) => {
-                    let more = rows.len() >= want;
-                    let mut running = executors.lock().await;
-                    for row in rows {
-                        start(shared, row, floors, &mut running);
-                    }
-                    more
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot claim from the start of the ranges; retrying");
-                    false
-                }
-            }
+            filled.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot claim from the start of the ranges; retrying");
+                false
+            })
         }
         Err(e) => {
             tracing::error!(error = %e, "the full claim's task ended without an answer");
