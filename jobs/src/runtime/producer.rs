@@ -543,7 +543,7 @@ async fn claim(
     let rows = ask.fetch(shared, claimer).await?;
     let more = rows.len() >= ask.want;
     for row in rows {
-        start(shared, row, floors, executors);
+        start(shared, row, Some(&mut *floors), executors);
     }
     Ok(more)
 }
@@ -580,9 +580,8 @@ async fn full_claim(
         Ok(rows) => {
             let filled = rows.len() >= ask.want;
             let mut running = executors.lock().await;
-            let mut floors = Floors::default();
             for row in rows {
-                start(&shared, row, &mut floors, &mut running);
+                start(&shared, row, None, &mut running);
             }
             Ok(filled)
         }
@@ -609,12 +608,12 @@ fn settle_full(answer: Result<FullAnswer, tokio::task::JoinError>, floors: &mut 
     }
 }
 
-/// Starts the executor of a claimed job, and moves its kind's floor up to the job's
-/// run-after.
+/// Starts the executor of a claimed job, and, given the floors, moves its kind's floor
+/// up to the job's run-after.
 fn start(
     shared: &Arc<Shared>,
     (id, kind, attempts, max_attempts, token, payload, waited, run_after, priority): ClaimRow,
-    floors: &mut Floors,
+    floors: Option<&mut Floors>,
     executors: &mut JoinSet<()>,
 ) {
     let Some(&handler) = shared.handlers.get(kind.as_str()) else {
@@ -622,7 +621,7 @@ fn start(
         tracing::error!(job.id = id, job.kind = %kind, "claimed a job of a kind with no handler");
         return;
     };
-    if let Some(run_after) = run_after {
+    if let (Some(run_after), Some(floors)) = (run_after, floors) {
         let latest = floors
             .latest
             .entry((handler.kind, priority))
