@@ -433,6 +433,43 @@ async fn claim_reads_only_its_kinds_claimable_rows(pool: PgPool) {
 }
 
 // ---------------------------------------------------------------------------------
+// A concurrency above what one claim takes of a kind: every claim that takes its limit
+// counts as full, so the runtime claims again at once instead of waiting for the poll.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.wide")]
+struct Wide {
+    n: u32,
+}
+
+#[jobs::handler]
+async fn wide(_job: Wide, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_concurrency_above_one_claims_limit_keeps_claiming(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for n in 0..10_000 {
+        batch.push(&Wide { n }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    // No poll within the test, and no notification after the start: only claims that
+    // follow full claims take the rest. (The poll's first tick and the first full claim
+    // wake an idle runtime twice; 10,000 jobs need more than four claims of 1,000.)
+    let rt = Running::start(
+        runtime(&pool, &["rt.wide"])
+            .concurrency(2_500)
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    wait_until("all 10,000 jobs done without a poll", || async {
+        common::live(&pool).await == 0
+    })
+    .await;
+    rt.stop().await;
+}
+
+// ---------------------------------------------------------------------------------
 // Wake-up: an idle runtime that polls once an hour still starts a job at once.
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]

@@ -323,6 +323,9 @@ RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::tex
     };
 }
 
+/// The most jobs of one kind a claim takes (the constant `LIMIT 1000` of [`CLAIM`]).
+pub(crate) const CLAIM_MAX_PER_KIND: usize = 1_000;
+
 /// Claims up to `$4` claimable jobs of the kinds in `$1`, at most `$2[i]` of kind
 /// `$1[i]`, each with a lease of `$3[i]` ms (every lease mode claims under a lease),
 /// when the kinds' limits add up to no more than `$4` (always so for one kind): each

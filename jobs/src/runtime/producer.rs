@@ -477,13 +477,17 @@ impl Ask {
         let mut asked = 0usize;
         for (info, free) in per_kind {
             if *free > 0 {
+                // The statement takes at most `sql::CLAIM_MAX_PER_KIND` of a kind: a
+                // limit above it would never be filled, and a claim that is not filled
+                // says the queue is empty (the runtime would then wait for the poll).
+                let free = (*free).min(sql::CLAIM_MAX_PER_KIND);
                 ask.kinds.push(info.kind);
-                ask.limits.push(i32::try_from(*free).unwrap_or(i32::MAX));
+                ask.limits.push(i32::try_from(free).unwrap_or(i32::MAX));
                 ask.leases.push(millis(info.config.lease_length()));
                 if let Some(floors) = floors {
                     ask.from.extend(floors.floors(info.kind));
                 }
-                asked = asked.saturating_add(*free);
+                asked = asked.saturating_add(free);
             }
         }
         if ask.kinds.is_empty() {
