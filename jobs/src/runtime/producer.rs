@@ -36,8 +36,11 @@ const NEXT_DUE_MARGIN: Duration = Duration::from_millis(2);
 /// claims never wait long in one runtime while another has free slots.
 const AHEAD_FOR: Duration = Duration::from_millis(50);
 
-/// At most this many claims held ahead of free slots, over all kinds.
-const MAX_AHEAD: usize = 500;
+/// At most this many claims held ahead of free slots, over all kinds. A claim is sent
+/// once half of what the runtime may hold has started, so a fast kind at concurrency 10
+/// comes in claims of about 500 (the raw ceiling's best batch, `bench/ceiling.sh`): with
+/// 500 ahead, claims of 250 drained W2 about a tenth slower (BENCHMARKS.md).
+const MAX_AHEAD: usize = 1_000;
 
 /// How often the rates behind the claim-ahead are measured.
 const RATE_EVERY: Duration = Duration::from_millis(100);
@@ -648,7 +651,14 @@ fn start(
         claimed_at: Instant::now(),
         db_claimed_us,
     };
-    executors.spawn(executor::execute(shared.clone(), handler, claimed));
+    // Boxed: the executor's future is about 1.8 KB, and a task's future is moved and
+    // its stage rewritten several times between its spawn and its end (a tenth of the
+    // runtime's CPU in W2 went to those copies); the box moves as a pointer.
+    executors.spawn(Box::pin(executor::execute(
+        shared.clone(),
+        handler,
+        claimed,
+    )));
 }
 
 /// Makes sure each periodic kind has its one live job. Returns false on a database error.
