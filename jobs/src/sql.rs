@@ -379,8 +379,8 @@ pub(crate) const CLAIM: &str = claim!("");
 /// that then rolled back, or by the application) when claims passed it, one an
 /// operator retried inside a long transaction. A full claim from the start of the range (
 /// [`CLAIM`]) finds those: at least every poll interval, and, while full claims are
-/// slow, no more than 1 % of the time (one every 100 times its duration, and at least
-/// every 30 s). It runs beside the claims from the floors, on a connection of its own,
+/// slow, no more than 0.1 % of the time (one every 1,000 times its duration, and at
+/// least every 30 s). It runs beside the claims from the floors, on a connection of its own,
 /// so that a slow one (200 ms over a million dead entries) holds up no pickup.
 pub(crate) const CLAIM_FLOOR_LAG: std::time::Duration = std::time::Duration::from_millis(100);
 

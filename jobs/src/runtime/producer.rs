@@ -314,12 +314,18 @@ struct Floors {
 
 impl Floors {
     /// Whether a full claim is due (it starts beside the claims from the floors): at
-    /// least once per poll interval, and no more often than every 100 times the last
+    /// least once per poll interval, and no more often than every 1,000 times the last
     /// full claim's duration (but at least every 30 s, so that one slow full claim
     /// cannot put the next far off). Counted from the start of the last one.
+    ///
+    /// Under a held horizon a full claim walks every dead entry (up to 250 ms past a
+    /// million) and takes a core for that long; at 1 % of the time (every 100 times its
+    /// duration) one ran every 5 to 20 s, and the 5 s windows that held one had the
+    /// pickup's worst p95 (`bench horizon`, BENCHMARKS.md). A fast full claim (0.1 ms
+    /// in clean conditions) still runs every poll interval.
     fn full_due(&self, poll: Duration) -> bool {
         self.last_full.is_none_or(|at| {
-            at.elapsed() >= poll.max((self.full_took * 100).min(Duration::from_secs(30)))
+            at.elapsed() >= poll.max((self.full_took * 1_000).min(Duration::from_secs(30)))
         })
     }
 
