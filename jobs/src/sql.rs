@@ -937,3 +937,27 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
     all.extend(crate::admin::STATEMENTS.iter().copied());
     all
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The runtime never asks a claim for more of a kind than the statement takes: a
+    /// claim that takes less than asked reads as an empty queue.
+    #[test]
+    fn claims_take_at_most_claim_max_per_kind_of_a_kind() {
+        let limit = format!("LIMIT {CLAIM_MAX_PER_KIND}\n");
+        for (name, statement) in [
+            ("CLAIM", CLAIM),
+            ("CLAIM_FROM", CLAIM_FROM),
+            ("CLAIM_SPLIT", CLAIM_SPLIT),
+            ("CLAIM_SPLIT_FROM", CLAIM_SPLIT_FROM),
+        ] {
+            assert!(
+                statement.contains(&limit),
+                "{name} has no `{}`",
+                limit.trim()
+            );
+        }
+    }
+}
