@@ -406,8 +406,8 @@ async fn claim_reads_only_its_kinds_claimable_rows(pool: PgPool) {
     for (mode, statement) in [
         ("force_custom_plan", jobs::__private::CLAIM_SQL),
         ("force_generic_plan", jobs::__private::CLAIM_SQL),
-        ("force_custom_plan", jobs::__private::CLAIM_FROM_SQL),
-        ("force_generic_plan", jobs::__private::CLAIM_FROM_SQL),
+        ("force_custom_plan", jobs::__private::CLAIM_SQL),
+        ("force_generic_plan", jobs::__private::CLAIM_SQL),
     ] {
         let plan = claim_plan(&pool, statement, floor, mode).await;
         let text = plan.to_string();
@@ -1282,8 +1282,7 @@ async fn the_claim_from_its_floor_skips_the_dead_entries_a_held_horizon_keeps(po
 
     let (full, full_rows) =
         claim_blocks(&pool, jobs::__private::CLAIM_SQL, f64::NEG_INFINITY).await;
-    let (from, from_rows) =
-        claim_blocks(&pool, jobs::__private::CLAIM_FROM_SQL, latest_finished).await;
+    let (from, from_rows) = claim_blocks(&pool, jobs::__private::CLAIM_SQL, latest_finished).await;
     assert_eq!((full_rows, from_rows), (10, 10));
     // The full claim walks every dead entry and visits its heap page; the one from the
     // floor starts past them, and reads what a claim of 10 reads on a clean table

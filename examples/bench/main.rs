@@ -348,9 +348,11 @@ async fn drain(pool: &PgPool, n: u32, concurrency: usize) -> (f64, f64) {
         pool.clone()
     };
     let t = Instant::now();
-    Runtime::new(runtime_pool)
-        .kinds(["bench.noop"])
-        .concurrency(concurrency)
+    let mut rt = Runtime::new(runtime_pool);
+    if std::env::var("JOBS_BENCH_ALL_KINDS").is_err() {
+        rt = rt.kinds(["bench.noop"]);
+    }
+    rt.concurrency(concurrency)
         .run_until(async move {
             while DONE.load(Ordering::Relaxed) < n as usize {
                 tokio::time::sleep(Duration::from_millis(2)).await;

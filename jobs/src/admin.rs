@@ -105,7 +105,10 @@ LIMIT $4
 const GET: &str = concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1");
 
 /// Retries failed jobs: job `$1`, or every failed job of kind `$2` (the other is NULL).
-/// Each becomes pending again, claimable now, attempts reset, `last_error` kept.
+/// Each becomes pending again, claimable now, attempts reset, `last_error` kept. "Now"
+/// is the moment of the update (`clock_timestamp()`), not the transaction's start: an
+/// operator's retry inside a longer transaction would otherwise put the job behind the
+/// runtimes' floors (`sql::CLAIM_FLOOR_LAG`).
 ///
 /// One key may have one live job, so some failed rows are deleted instead: when the
 /// key already has a live (pending or running) job, that job is a newer trigger of the
@@ -145,7 +148,7 @@ retried AS (
     UPDATE jobs j SET
         state = 'pending',
         attempts = 0,
-        run_after = now(),
+        run_after = clock_timestamp(),
         finished_at = NULL,
         rerun_after = NULL,
         claimed_by = NULL,

@@ -115,3 +115,12 @@ impl From<sqlx::migrate::MigrateError> for Error {
         Error::Migrate(e)
     }
 }
+
+/// What to log of a database error: the server's own message, without the source line
+/// of PostgreSQL that sqlx appends to it ("... at line 384"); any other error as it is.
+pub(crate) fn server_message(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => db.message().to_owned(),
+        other => other.to_string(),
+    }
+}

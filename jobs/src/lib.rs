@@ -428,14 +428,12 @@ pub mod __private {
     /// The key of a periodic kind's one live job.
     pub const PERIODIC_KEY: &str = crate::sql::PERIODIC_KEY;
 
-    /// The claim statement, for tests that read its plan.
+    /// The claim statement (from the floors in `$5`, seconds since the epoch; none is
+    /// the start of each range), for tests that read its plan.
     pub const CLAIM_SQL: &str = crate::sql::CLAIM;
 
     /// The claim over several kinds whose limits add up to more than it takes.
     pub const CLAIM_SPLIT_SQL: &str = crate::sql::CLAIM_SPLIT;
-
-    /// The claim that starts each kind's scan at a floor (`$5`, seconds since the epoch).
-    pub const CLAIM_FROM_SQL: &str = crate::sql::CLAIM_FROM;
 
     /// Every SQL statement the crate runs, by name, for tests that check them all.
     pub fn statements() -> Vec<(&'static str, &'static str)> {

@@ -21,7 +21,9 @@
 /// PostgreSQL can infer the partial index). Concurrent enqueues of one key serialize on
 /// that index entry: the second waits for the first to commit and then updates its row,
 /// so none fails with a unique violation. A pending job takes the new payload, the new
-/// run-after (the newest trigger's time wins) and a fresh attempt budget (attempts back
+/// run-after (the newest trigger's time wins; no earlier than the update itself, which
+/// follows any wait for that lock: a run-after from before the wait could lie behind
+/// the claims' floors, [`CLAIM_FLOOR_LAG`]) and a fresh attempt budget (attempts back
 /// to 0, the new `max_attempts`); a running one takes the new payload and a re-run mark,
 /// and gets its fresh budget when its claim ends. One notification when the job is
 /// pending, claimable now or later (an idle runtime then learns when it becomes due,
@@ -43,7 +45,8 @@ WITH ins AS (
         attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
         priority = least(j.priority, EXCLUDED.priority),
         checkpoint = CASE WHEN j.state = 'pending' THEN NULL ELSE j.checkpoint END,
-        run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
+        run_after = CASE WHEN j.state = 'pending' THEN greatest(EXCLUDED.run_after, clock_timestamp())
+                         ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
     RETURNING j.id, (j.xmax = 0) AS inserted, j.state, j.kind
 )
@@ -143,7 +146,8 @@ keyed AS (
         attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
         priority = least(j.priority, EXCLUDED.priority),
         checkpoint = CASE WHEN j.state = 'pending' THEN NULL ELSE j.checkpoint END,
-        run_after = CASE WHEN j.state = 'pending' THEN EXCLUDED.run_after ELSE j.run_after END,
+        run_after = CASE WHEN j.state = 'pending' THEN greatest(EXCLUDED.run_after, clock_timestamp())
+                         ELSE j.run_after END,
         rerun_after = CASE WHEN j.state = 'running' THEN EXCLUDED.run_after ELSE j.rerun_after END
     RETURNING j.id, j.kind, j.key, (j.xmax = 0) AS inserted, j.state
 ),
@@ -193,131 +197,114 @@ SELECT coalesce((SELECT array_agg(id ORDER BY id) FROM plain), '{}'::bigint[]),
 "#
 );
 
-/// The text of [`CLAIM`] and [`CLAIM_FROM`]: `$floor` is empty for the first and, for
-/// the second, the condition that starts each (kind, priority) scan at its floor,
-/// `$5[(kind's position - 1) * 10 + priority + 1]` (none, NULL, is the start).
-macro_rules! claim {
-    ($floor:literal) => {
+/// The start of the scan of kind `w` at priority `$p` in a claim: its floor, `$5[(kind's
+/// position - 1) * 10 + priority + 1]` in seconds since the epoch (none, or NULL, is the
+/// start of the range).
+macro_rules! floor_of {
+    ($w:literal, $p:literal) => {
         concat!(
-            r#"
-WITH wanted AS (
-    SELECT w.*, $5::float8[] AS floors
-    FROM unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, n, lease_ms, ord)
-),
-picked AS MATERIALIZED (
-    SELECT c.id
-    FROM wanted w
-    CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT j.id
-            FROM generate_series(0, 9) AS p(priority)
-            CROSS JOIN LATERAL (
-                SELECT id
-                FROM jobs
-                WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
-                  AND run_after <= now()"#,
-            $floor,
-            r#"
-                ORDER BY run_after, id
-                LIMIT w.n
-                FOR NO KEY UPDATE SKIP LOCKED
-            ) j
-            LIMIT w.n
-        ) one_kind
-        LIMIT 1000
-    ) c
-    LIMIT $4
-)
-UPDATE jobs j SET
-    state = 'running',
-    attempts = j.attempts + 1,
-    claimed_by = gen_random_uuid(),
-    runtime_id = $6,
-    claimed_until = now()
-        + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
-WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
-          extract(epoch FROM now() - j.run_after)::float8 AS waited,
-          extract(epoch FROM j.run_after)::float8 AS run_after,
-          j.priority
-"#
+            "coalesce(to_timestamp(",
+            $w,
+            ".floors[(",
+            $w,
+            ".ord - 1) * 10 + ",
+            $p,
+            " + 1]), '-infinity')"
         )
     };
 }
 
-/// The text of [`CLAIM_SPLIT`] and [`CLAIM_SPLIT_FROM`], as [`claim!`].
-macro_rules! claim_split {
-    ($floor:literal, $share_floor:literal) => {
+/// What both claims share after their CTE `picked` (`id, run_after, priority, ord` of
+/// each row locked): the rows the scans passed without taking them, the snapshot's
+/// writers, and the update.
+///
+/// `passed`: for each (kind, priority) range a claim took rows from, it counts the
+/// pending rows its snapshot sees from the floor up to the last row taken
+/// (`(run_after, id)` order). More than it took means the scan skipped rows another
+/// transaction held locked (an application's `FOR UPDATE`, another claim in flight,
+/// an operator's retry): the earliest run-after there (`held_back`) is where the next
+/// claim of that range starts, so a row that was locked while claims passed it is
+/// claimed as soon as it is free. One more range scan of what the claim just read.
+///
+/// `writers`: the oldest transaction (xid) that was in progress when this statement's
+/// snapshot was taken and either holds a write or row lock on `jobs` (it may commit a
+/// pending row this claim could not see) or has ended since (it may have done so).
+/// Every statement that makes a row pending sets a run-after no earlier than its own
+/// start, so such a row's run-after is at least the time that transaction wrote; the
+/// runtime maps the xid to a time through the snapshots' `xmax` of its earlier claims
+/// and keeps its floors below it (`producer::Floors`). A transaction that holds the
+/// vacuum horizon without touching `jobs` (an idle session, a report) is not a writer.
+/// `pg_locks` is read once per claim (about 0.1 ms).
+macro_rules! claim_tail {
+    () => {
         concat!(
             r#"
-WITH wanted AS (
-    SELECT w.*, $5::float8[] AS floors
-    FROM unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, n, lease_ms, ord)
+edge AS (
+    SELECT DISTINCT ON (ord, priority) ord, priority, run_after, id,
+           count(*) OVER (PARTITION BY ord, priority) AS taken
+    FROM picked
+    ORDER BY ord, priority, run_after DESC, id DESC
 ),
-top AS MATERIALIZED (
-    SELECT c.kind
-    FROM wanted w
+passed AS MATERIALIZED (
+    SELECT w.kind, e.priority, s.first
+    FROM edge e
+    JOIN wanted w ON w.ord = e.ord
     CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT j.kind, j.run_after, j.id
-            FROM generate_series(0, 9) AS p(priority)
-            CROSS JOIN LATERAL (
-                SELECT kind, run_after, id
-                FROM jobs
-                WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
-                  AND run_after <= now()"#,
-            $floor,
+        SELECT min(j.run_after) AS first, count(*) AS seen
+        FROM jobs j
+        WHERE j.state = 'pending' AND j.kind = w.kind AND j.priority = e.priority::smallint
+          AND j.run_after >= "#,
+            floor_of!("w", "e.priority"),
             r#"
-                ORDER BY run_after, id
-                LIMIT w.n
-            ) j
-            LIMIT w.n
-        ) one_kind
-        LIMIT 1000
-    ) c
-    ORDER BY c.run_after, c.id
-    LIMIT $4
+          AND (j.run_after, j.id) <= (e.run_after, e.id)
+    ) s
+    WHERE s.seen > e.taken
 ),
-share AS (
-    SELECT w.kind, w.lease_ms, w.ord, count(t.kind) AS n
-    FROM wanted w LEFT JOIN top t ON t.kind = w.kind
-    GROUP BY w.kind, w.lease_ms, w.ord
+snap AS MATERIALIZED (
+    SELECT pg_current_snapshot() AS s, extract(epoch FROM now())::float8 AS at
 ),
-picked AS MATERIALIZED (
-    SELECT c.id
-    FROM share s
-    CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT j.id
-            FROM generate_series(0, 9) AS p(priority)
-            CROSS JOIN LATERAL (
-                SELECT id
-                FROM jobs
-                WHERE state = 'pending' AND kind = s.kind AND priority = p.priority::smallint
-                  AND run_after <= now()"#,
-            $share_floor,
-            r#"
-                ORDER BY run_after, id
-                LIMIT s.n
-                FOR NO KEY UPDATE SKIP LOCKED
-            ) j
-            LIMIT s.n
-        ) one_kind
-        LIMIT 1000
-    ) c
+locks AS MATERIALIZED (
+    SELECT l.locktype, l.virtualtransaction, l.transactionid::text::bigint AS xid
+    FROM pg_locks l
+    WHERE l.granted
+      AND (l.locktype = 'transactionid'
+           OR (l.locktype = 'relation' AND l.relation = 'jobs'::regclass
+               AND l.mode IN ('RowExclusiveLock', 'RowShareLock')))
+),
+writers AS MATERIALIZED (
+    SELECT sn.at, pg_snapshot_xmax(sn.s)::text::bigint AS xmax,
+           (SELECT min(x::text::bigint)
+            FROM pg_snapshot_xip(sn.s) AS x
+            WHERE NOT EXISTS (SELECT 1 FROM locks t
+                              WHERE t.locktype = 'transactionid'
+                                AND t.xid = x::text::bigint % 4294967296)
+               OR EXISTS (SELECT 1 FROM locks t JOIN locks r
+                            ON r.virtualtransaction = t.virtualtransaction
+                          WHERE t.locktype = 'transactionid'
+                            AND t.xid = x::text::bigint % 4294967296
+                            AND r.locktype = 'relation')) AS oldest
+    FROM snap sn
+),
+claimed AS (
+    UPDATE jobs j SET
+        state = 'running',
+        attempts = j.attempts + 1,
+        claimed_by = gen_random_uuid(),
+        runtime_id = $6,
+        claimed_until = now()
+            + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
+    WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text AS payload,
+              extract(epoch FROM now() - j.run_after)::float8 AS waited,
+              extract(epoch FROM j.run_after)::float8 AS run_after,
+              j.priority
 )
-UPDATE jobs j SET
-    state = 'running',
-    attempts = j.attempts + 1,
-    claimed_by = gen_random_uuid(),
-    runtime_id = $6,
-    claimed_until = now()
-        + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
-WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text,
-          extract(epoch FROM now() - j.run_after)::float8 AS waited,
-          extract(epoch FROM j.run_after)::float8 AS run_after,
-          j.priority
+SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
+       c.run_after, c.priority,
+       (SELECT extract(epoch FROM p.first)::float8 FROM passed p
+        WHERE p.kind = c.kind AND p.priority = c.priority) AS held_back,
+       wr.at, wr.xmax, wr.oldest
+FROM claimed c CROSS JOIN writers wr
 "#
         )
     };
@@ -330,7 +317,10 @@ pub(crate) const CLAIM_MAX_PER_KIND: usize = 1_000;
 /// `$1[i]`, each with a lease of `$3[i]` ms (every lease mode claims under a lease),
 /// when the kinds' limits add up to no more than `$4` (always so for one kind): each
 /// kind's scan then locks only rows the claim takes. [`CLAIM_SPLIT`] is the claim for
-/// the other case.
+/// the other case. `$5` holds each kind's floors, ten per kind by priority in the order
+/// of `$1` (seconds since the epoch; a missing or NULL one is the start of the range):
+/// each (kind, priority) scan starts there ([`CLAIM_FLOOR_LAG`]). `$6` is the claiming
+/// runtime's id (`runtime_id`).
 ///
 /// Each kind's jobs are taken by priority (0 first, to 9), then `run_after, id`: for
 /// each kind, one range scan per priority, in priority order, until the kind's limit is
@@ -339,8 +329,9 @@ pub(crate) const CLAIM_MAX_PER_KIND: usize = 1_000;
 /// an idle claim probes the ten priorities, each an empty range.
 ///
 /// Index: `jobs_claim (kind, priority, run_after, id) WHERE state = 'pending'`, a range
-/// scan per (kind, priority) bounded by `now()`, so a backlog of other kinds or of
-/// future jobs is never read.
+/// scan per (kind, priority) from its floor to `now()`, so a backlog of other kinds or
+/// of future jobs is never read; the same ranges again, up to the last row taken, for
+/// `passed` ([`claim_tail!`]).
 /// The locking select runs once, in a materialized CTE (a `WHERE id IN (subquery)` may
 /// be re-evaluated and claim more than asked); `SKIP LOCKED` lets concurrent claimers
 /// take disjoint rows, each kind's scan reading on down its range past rows other
@@ -354,65 +345,176 @@ pub(crate) const CLAIM_MAX_PER_KIND: usize = 1_000;
 /// round takes at most that many jobs of one kind) keeps the generic plan's estimate,
 /// and so its cost, small: above `jit_above_cost` PostgreSQL compiled the plan on every
 /// execution, 17 ms each. The attempt is counted here, at claim time, and commits with
-/// the claim in every lease mode; `$6` is the claiming runtime's id (`runtime_id`).
-/// Also returns how long each job waited past its run-after, on the database clock,
-/// and the run-after itself (the runtime's floor, [`CLAIM_FLOOR_LAG`]).
-pub(crate) const CLAIM: &str = claim!("");
+/// the claim in every lease mode.
+///
+/// Returns, per job: its id, kind, attempt, max_attempts, token, payload, how long it
+/// waited past its run-after (database clock), the run-after and priority (the
+/// runtime's floors), `held_back` (see [`claim_tail!`]), and, the same on every row,
+/// the claim's `now()`, its snapshot's `xmax`, and the oldest writer in progress.
+pub(crate) const CLAIM: &str = concat!(
+    r#"
+WITH wanted AS (
+    SELECT w.*, $5::float8[] AS floors
+    FROM unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, n, lease_ms, ord)
+),
+picked AS MATERIALIZED (
+    SELECT c.id, c.run_after, c.priority, c.ord
+    FROM wanted w
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT j.id, j.run_after, p.priority, w.ord
+            FROM generate_series(0, 9) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT id, run_after
+                FROM jobs
+                WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
+                  AND run_after <= now()
+                  AND run_after >= "#,
+    floor_of!("w", "p.priority"),
+    r#"
+                ORDER BY run_after, id
+                LIMIT w.n
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) j
+            LIMIT w.n
+        ) one_kind
+        LIMIT 1000
+    ) c
+    LIMIT $4
+),"#,
+    claim_tail!()
+);
 
 /// How far behind the latest run-after a runtime has claimed of a kind its next claim
-/// of that kind starts ([`CLAIM_FROM`]).
+/// of that kind starts ([`CLAIM`]).
 ///
-/// A claim scans `jobs_claim` in `(run_after, id)` order from the start of the kind's
-/// range. Every claimed or finished row leaves a dead entry at the front of that range,
-/// which the scan walks past. Normally the scan itself marks them dead in the index
-/// (and vacuum removes them), so the walk stays short. But while any transaction holds
-/// the xmin horizon back (an idle session in a transaction, a long report, a replica's
-/// query with `hot_standby_feedback`), no entry can be marked or removed: every claim
-/// walked all the jobs finished since, and the claim's time grew without bound, at
-/// 1,000 jobs/s from 0.2 ms to 8 ms within a minute (BENCHMARKS.md, `horizon`).
+/// A claim scans `jobs_claim` in `(run_after, id)` order. Every claimed or finished row
+/// leaves a dead entry at the front of that range, which the scan walks past. Normally
+/// the scan itself marks them dead in the index (and vacuum removes them), so the walk
+/// stays short. But while any transaction holds the xmin horizon back (an idle session
+/// in a transaction, a long report, a replica's query with `hot_standby_feedback`), no
+/// entry can be marked or removed: every claim from the start of the range walked all
+/// the jobs finished since, and the claim's time grew without bound, at 1,000 jobs/s
+/// from 0.2 ms to 8 ms within a minute (BENCHMARKS.md, `horizon`).
 ///
 /// So a runtime starts each claim at a floor: the latest run-after it has claimed of
-/// the kind at that priority, less this lag. Every statement that makes a row pending sets a run-after
-/// no earlier than its own time (FAIL, RELEASE, RESCUE, COMPLETE_KEEP and enqueue), so
-/// rows behind the floor are claimed rows, except a few: a row whose transaction
-/// committed more than the lag after its statement, one that was locked (by a claimer
-/// that then rolled back, or by the application) when claims passed it, one an
-/// operator retried inside a long transaction. A full claim from the start of the range (
-/// [`CLAIM`]) finds those: at least every poll interval, and, while full claims are
-/// slow, no more than 0.1 % of the time (one every 1,000 times its duration, and at
-/// least every 30 s). It runs beside the claims from the floors, on a connection of its own,
-/// so that a slow one (200 ms over a million dead entries) holds up no pickup.
+/// the kind at that priority, less this lag, and never above what could still appear
+/// behind it. Every statement that makes a row pending sets a run-after no earlier than
+/// its own start (enqueue, FAIL, RELEASE, RESCUE, COMPLETE_KEEP, the operator's retry),
+/// so the rows behind a floor are claimed rows, except three kinds, each of which the
+/// claim itself reports ([`claim_tail!`]): a row whose transaction was still in progress
+/// (its writer holds the floors below the time it wrote, however late it commits), a
+/// row that was locked while the claim passed it (the floor stays at it), and a row
+/// whose statement ran longer than this lag before it wrote. A probe beside the claims
+/// ([`FLOOR_PROBE`]) finds what is left behind anyway (a claimer killed while it held
+/// rows, that last kind): at least every poll interval, and, while it is slow, no more
+/// than 0.1 % of the time.
 pub(crate) const CLAIM_FLOOR_LAG: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// [`CLAIM`], each (kind, priority) scan starting at its floor (seconds since the
-/// epoch; `$5` holds ten per kind, by priority, in the order of `$1`; a missing or NULL
-/// one is the start of the range) rather than at the start of its range: see
-/// [`CLAIM_FLOOR_LAG`]. Index: as [`CLAIM`], the range starting at
-/// `(kind, priority, floor)`.
-pub(crate) const CLAIM_FROM: &str = claim!(
-    "
-                  AND run_after >= coalesce(to_timestamp(w.floors[(w.ord - 1) * 10 + p.priority + 1]), '-infinity')"
-);
 
 /// [`CLAIM`] for kinds whose limits add up to more than `$4`: locking each kind's first
 /// `$2[i]` rows and cutting the lot to `$4` afterwards would lock rows the claim then
 /// lets go (a claim of 100 over 10 kinds locked 1,006 rows), and other claimers would
-/// skip them. So an unlocked first pass (`top`) finds which kinds the oldest `$4` due
-/// jobs belong to, and each kind's locking scan stops at that share: the claim locks at
-/// most `$4` rows, every one of which it takes.
+/// skip them. So an unlocked first pass (`top`) shares the `$4` jobs among the kinds,
+/// and each kind's locking scan stops at its share: the claim locks at most `$4` rows,
+/// every one of which it takes.
+///
+/// The share: the most urgent priority first, across kinds; within a priority the kinds
+/// take turns, each kind's jobs in `run_after, id` order (the `n`-th job of every kind
+/// before the `n + 1`-th of any). Ten busy kinds get a tenth each; a kind with a
+/// backlog never starves one that has a few jobs.
 ///
 /// Index: `jobs_claim`, two range scans per kind (the first one reads at most `$2[i]`
 /// entries and locks nothing). Otherwise as [`CLAIM`].
-pub(crate) const CLAIM_SPLIT: &str = claim_split!("", "");
-
-/// [`CLAIM_SPLIT`] from each kind's floor, as [`CLAIM_FROM`].
-pub(crate) const CLAIM_SPLIT_FROM: &str = claim_split!(
-    "
-                  AND run_after >= coalesce(to_timestamp(w.floors[(w.ord - 1) * 10 + p.priority + 1]), '-infinity')",
-    "
-                  AND run_after >= coalesce(to_timestamp($5[(s.ord - 1) * 10 + p.priority + 1]), '-infinity')"
+pub(crate) const CLAIM_SPLIT: &str = concat!(
+    r#"
+WITH wanted AS (
+    SELECT w.*, $5::float8[] AS floors
+    FROM unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, n, lease_ms, ord)
+),
+top AS MATERIALIZED (
+    SELECT c.ord
+    FROM wanted w
+    CROSS JOIN LATERAL (
+        SELECT one_kind.priority, w.ord,
+               row_number() OVER (PARTITION BY one_kind.priority
+                                  ORDER BY one_kind.run_after, one_kind.id) AS turn
+        FROM (
+            SELECT j.priority, j.run_after, j.id
+            FROM generate_series(0, 9) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT priority, run_after, id
+                FROM jobs
+                WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
+                  AND run_after <= now()
+                  AND run_after >= "#,
+    floor_of!("w", "p.priority"),
+    r#"
+                ORDER BY run_after, id
+                LIMIT w.n
+            ) j
+            LIMIT w.n
+        ) one_kind
+        LIMIT 1000
+    ) c
+    ORDER BY c.priority, c.turn, c.ord
+    LIMIT $4
+),
+share AS (
+    SELECT t.ord, count(*) AS n FROM top t GROUP BY t.ord
+),
+picked AS MATERIALIZED (
+    SELECT c.id, c.run_after, c.priority, c.ord
+    FROM share s
+    JOIN wanted w ON w.ord = s.ord
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT j.id, j.run_after, p.priority, w.ord
+            FROM generate_series(0, 9) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT id, run_after
+                FROM jobs
+                WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
+                  AND run_after <= now()
+                  AND run_after >= "#,
+    floor_of!("w", "p.priority"),
+    r#"
+                ORDER BY run_after, id
+                LIMIT s.n
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) j
+            LIMIT s.n
+        ) one_kind
+        LIMIT 1000
+    ) c
+),"#,
+    claim_tail!()
 );
 
+/// The backstop behind the claims' floors: for the kinds `$1` and their floors `$2`
+/// (ten per kind, by priority, as [`CLAIM`]'s `$5`), the earliest claimable job behind
+/// each floor, as `(kind, priority, run_after)`. The runtime lowers that floor to it,
+/// and its next claim takes the job. It finds what the claims' own reports cannot: a
+/// row a claimer held locked when it died, or one whose statement ran longer than
+/// [`CLAIM_FLOOR_LAG`] before it wrote.
+///
+/// Index: `jobs_claim`, the first entry of each (kind, priority) range below its floor.
+/// Under a held horizon that walks every dead entry behind the floor (about as long as
+/// a claim from the start of the range: 200 ms past a million), so the runtime runs it
+/// beside its claims, on a connection of its own, and spaces it by its duration. A
+/// range with no floor (NULL) has nothing behind it and is not read.
+pub(crate) const FLOOR_PROBE: &str = r#"
+SELECT w.kind, p.priority::smallint, extract(epoch FROM b.run_after)::float8
+FROM unnest($1::text[]) WITH ORDINALITY AS w(kind, ord)
+CROSS JOIN generate_series(0, 9) AS p(priority)
+CROSS JOIN LATERAL (
+    SELECT run_after FROM jobs
+    WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
+      AND run_after <= now()
+      AND run_after < to_timestamp(($2::float8[])[(w.ord - 1) * 10 + p.priority + 1])
+    ORDER BY run_after, id
+    LIMIT 1
+) b
+"#;
 /// How long until the next job of the kinds `$1` becomes due (seconds, on the database
 /// clock; NULL when none is scheduled): an idle runtime sleeps until then, so a retry, a
 /// snooze or a scheduled job starts on time rather than at the next poll.
@@ -905,8 +1007,7 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("ENQUEUE_UNKEYED", ENQUEUE_UNKEYED),
         ("CLAIM", CLAIM),
         ("CLAIM_SPLIT", CLAIM_SPLIT),
-        ("CLAIM_FROM", CLAIM_FROM),
-        ("CLAIM_SPLIT_FROM", CLAIM_SPLIT_FROM),
+        ("FLOOR_PROBE", FLOOR_PROBE),
         ("NEXT_DUE", NEXT_DUE),
         ("RENEW", RENEW),
         ("COMPLETE_DELETE", COMPLETE_DELETE),
@@ -947,12 +1048,7 @@ mod tests {
     #[test]
     fn claims_take_at_most_claim_max_per_kind_of_a_kind() {
         let limit = format!("LIMIT {CLAIM_MAX_PER_KIND}\n");
-        for (name, statement) in [
-            ("CLAIM", CLAIM),
-            ("CLAIM_FROM", CLAIM_FROM),
-            ("CLAIM_SPLIT", CLAIM_SPLIT),
-            ("CLAIM_SPLIT_FROM", CLAIM_SPLIT_FROM),
-        ] {
+        for (name, statement) in [("CLAIM", CLAIM), ("CLAIM_SPLIT", CLAIM_SPLIT)] {
             assert!(
                 statement.contains(&limit),
                 "{name} has no `{}`",

@@ -169,7 +169,7 @@ async fn flush_throughput(
     };
     if let Err(e) = super::answer_within(answer_within, "the throughput history", write).await {
         *conn = None;
-        tracing::debug!(error = %e, "cannot write the throughput history; keeping it for later");
+        tracing::debug!(error = %crate::error::server_message(&e), "cannot write the throughput history; keeping it for later");
     }
 }
 
@@ -296,7 +296,7 @@ pub(crate) async fn run(
                 Err(e) => {
                     conn = None; // it may be broken: take a fresh one
                     let wait = backoff.after(&e);
-                    tracing::warn!(error = %e, retry_in = ?wait, jobs = batch.len(), "cannot write job completions; retrying");
+                    tracing::warn!(error = %crate::error::server_message(&e), retry_in = ?wait, jobs = batch.len(), "cannot write job completions; retrying");
                     tokio::time::sleep(wait).await;
                 }
             }

@@ -439,11 +439,11 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
                     .get(&job.token)
                     .map_or(claimed_at, |f| f.last_renewed);
                 if last_renewed.elapsed() > lease {
-                    tracing::warn!(error = %e, "cannot write the job's outcome and its lease has run out; it will be rescued");
+                    tracing::warn!(error = %crate::error::server_message(&e), "cannot write the job's outcome and its lease has run out; it will be rescued");
                     break;
                 }
                 let wait = backoff.after(&e);
-                tracing::warn!(error = %e, retry_in = ?wait, "cannot write the job's outcome; retrying");
+                tracing::warn!(error = %crate::error::server_message(&e), retry_in = ?wait, "cannot write the job's outcome; retrying");
                 tokio::time::sleep(wait).await;
             }
         }

@@ -179,7 +179,7 @@ async fn run(beat: &Beat) {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot renew job leases");
+                tracing::warn!(error = %crate::error::server_message(&e), "cannot renew job leases");
                 // Without a renewal for a whole lease, the claim may be gone: say so,
                 // measured on this process's monotonic clock (a duration, not a time).
                 for flight in flights.values_mut() {

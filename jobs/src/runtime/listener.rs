@@ -30,7 +30,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
             Ok(listener) => listener,
             Err(e) => {
                 let wait = backoff.next();
-                tracing::warn!(error = %e, retry_in = ?wait, "cannot listen for job notifications; polling meanwhile");
+                tracing::warn!(error = %crate::error::server_message(&e), retry_in = ?wait, "cannot listen for job notifications; polling meanwhile");
                 tokio::time::sleep(wait).await;
                 continue;
             }
@@ -64,7 +64,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
                     shared.wake.notify_one();
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "notification connection failed; reconnecting");
+                    tracing::warn!(error = %crate::error::server_message(&e), "notification connection failed; reconnecting");
                     break;
                 }
             }

@@ -8,9 +8,11 @@
 pub(crate) mod backoff;
 pub(crate) mod completer;
 pub(crate) mod executor;
+mod floors;
 mod heartbeat;
 mod listener;
 mod observe;
+mod periodic;
 mod presence;
 mod producer;
 mod rescuer;

@@ -87,7 +87,9 @@ pub(super) async fn run(shared: std::sync::Arc<super::Shared>) {
                     metrics::gauge!("jobs_lag_seconds", "kind" => kind).set(lag.unwrap_or(0.0));
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "cannot read queue lag and depth"),
+            Err(e) => {
+                tracing::debug!(error = %crate::error::server_message(&e), "cannot read queue lag and depth")
+            }
         }
     }
 }

@@ -74,7 +74,7 @@ pub(super) async fn run(shared: Arc<Shared>, me: Registration) {
         if let Err(e) =
             super::answer_within(shared.answer_within, "the runtime's presence", seen).await
         {
-            tracing::debug!(error = %e, "cannot mark this runtime seen");
+            tracing::debug!(error = %crate::error::server_message(&e), "cannot mark this runtime seen");
         }
         if last_stale.is_none_or(|at| at.elapsed() >= STALE_EVERY) {
             last_stale = Some(std::time::Instant::now());
@@ -91,7 +91,9 @@ pub(super) async fn run(shared: Arc<Shared>, me: Registration) {
                     );
                 }
                 Ok(_) => {}
-                Err(e) => tracing::debug!(error = %e, "cannot remove stale runtimes"),
+                Err(e) => {
+                    tracing::debug!(error = %crate::error::server_message(&e), "cannot remove stale runtimes")
+                }
             }
         }
         tokio::time::sleep(SEEN_EVERY).await;
@@ -108,6 +110,6 @@ pub(super) async fn gone(db: &PgPool, id: Uuid) {
     if let Err(e) =
         super::answer_within(Duration::from_secs(5), "the runtime's removal", delete).await
     {
-        tracing::debug!(error = %e, "cannot remove this runtime's row; it goes once stale");
+        tracing::debug!(error = %crate::error::server_message(&e), "cannot remove this runtime's row; it goes once stale");
     }
 }

@@ -1,4 +1,38 @@
 //! The producer: claims jobs up to free capacity and starts an executor for each.
+//!
+//! # The claim path
+//!
+//! One loop, one claim in flight. Each turn it first tends to what runs beside the
+//! claims (ended executors, periodic kinds, paused kinds, the rates behind the claims
+//! ahead, the floor probe), then takes one step:
+//!
+//! 1. **No room**: every slot, and every claim allowed ahead of a slot, is held: wait
+//!    for a claim to end.
+//! 2. **Idle**: the last claim took less than it asked for, so nothing more is waiting.
+//!    Ask the database when the next scheduled job of these kinds is due
+//!    ([`sql::NEXT_DUE`]), then sleep until that moment, a notification (an enqueue
+//!    somewhere, `listener`), the poll interval, or the probe's answer; and just after a
+//!    notification, claim once more a moment later, since producers send one
+//!    notification per kind every few milliseconds.
+//! 3. **Gather**: work is waiting but some capacity is taken: give running handlers a
+//!    moment (`BATCH_WINDOW`) to free more, so that the claim fetches a batch instead of
+//!    a job or two.
+//! 4. **Claim**: one statement for every kind with room ([`sql::CLAIM`], or
+//!    [`sql::CLAIM_SPLIT`] when the kinds' limits add up to more than the free
+//!    capacity: it shares the claim among them, by priority and then by turns). The
+//!    rows start in claim order (priority, run-after, id), each in an executor that
+//!    waits for a slot; the floors move ([`super::floors`]); and the claim was full if
+//!    it took all it asked for, or all it asked of some kind.
+//!
+//! A kind claims ahead of its free slots what its handlers finish in `AHEAD_FOR` at
+//! their recent rate (`Rates`), at most `MAX_AHEAD` over all kinds, so that short jobs
+//! come in claims of hundreds at any concurrency. A claim held ahead is leased and
+//! renewed like a running one; one that finds no slot within a second goes back.
+//!
+//! Each scan of a (kind, priority) range starts at its floor rather than at the start
+//! of the range, and each claim says how far its floors may move; a probe beside the
+//! claims, on a connection of the runtime's pool, finds what is left behind anyway and
+//! lowers the floor to it (`super::floors`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -6,12 +40,14 @@ use std::time::{Duration, Instant};
 
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
-use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::sync::{Notify, watch};
+use tokio::task::{JoinHandle, JoinSet};
 use uuid::Uuid;
 
 use super::backoff::Backoff;
 use super::executor::{self, Claimed};
+use super::floors::{Floors, Report, Snapshot};
+use super::periodic::Periodic;
 use super::{Shared, observe};
 use crate::enqueue::millis;
 use crate::registry::HandlerInfo;
@@ -45,217 +81,352 @@ const MAX_AHEAD: usize = 1_000;
 /// How often the rates behind the claim-ahead are measured.
 const RATE_EVERY: Duration = Duration::from_millis(100);
 
-type ClaimRow = (
-    i64,
-    String,
-    i32,
-    i32,
-    Uuid,
-    String,
-    Option<f64>,
-    Option<f64>,
-    i16,
-);
+/// One row of a claim ([`sql::CLAIM`]).
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    id: i64,
+    kind: String,
+    attempts: i32,
+    max_attempts: i32,
+    claimed_by: Uuid,
+    payload: String,
+    waited: Option<f64>,
+    run_after: Option<f64>,
+    priority: i16,
+    held_back: Option<f64>,
+    at: Option<f64>,
+    xmax: Option<i64>,
+    oldest: Option<i64>,
+}
 
 /// The running executors. Owned by the runtime, not by the producer: if the producer
 /// panics, the runtime still lets them finish and hands their jobs back.
 pub(super) type Executors = Arc<tokio::sync::Mutex<JoinSet<()>>>;
 
+/// The free capacity: in all, and per kind.
+type Capacity = (usize, Vec<(&'static HandlerInfo, usize)>);
+
 /// Claims until `stop` turns true.
-pub(super) async fn run(
+pub(super) async fn run(shared: Arc<Shared>, executors: Executors, stop: watch::Receiver<bool>) {
+    let mut producer = Producer::new(shared, executors, stop);
+    while !*producer.stop.borrow() {
+        producer.tend().await;
+        let capacity = producer.capacity();
+        if capacity.0 == 0 || capacity.1.iter().all(|(_, n)| *n == 0) {
+            producer.wait_for_room().await;
+        } else if !producer.more {
+            producer.idle(&capacity.1).await;
+        } else if !producer.gathered && producer.below_target(capacity.0) {
+            producer.gather().await;
+        } else {
+            producer.claim(&capacity).await;
+        }
+    }
+    if let Some(probe) = producer.probe.take() {
+        probe.abort();
+    }
+}
+
+/// The producer's state between turns.
+struct Producer {
     shared: Arc<Shared>,
     executors: Executors,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
-    let mut poll = tokio::time::interval(shared.poll_interval);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let periodic: Vec<&'static HandlerInfo> = shared
-        .handlers
-        .values()
-        .copied()
-        .filter(|h| h.config.is_periodic())
-        .collect();
-    let arm_every = periodic
-        .iter()
-        .map(|h| h.config.every.unwrap_or(Duration::from_secs(60)))
-        .min()
-        .unwrap_or(Duration::MAX)
-        .clamp(Duration::from_secs(1), Duration::from_secs(60));
-    let mut armed_at: Option<Instant> = None;
-    // Whether the last claim filled what it asked for, so more may be waiting.
-    let mut more = true;
-    // The connection claims go through, held across rounds: a pool connection is
-    // pinged on every acquire, which would double the claim's round trips.
-    let mut conn: Option<PoolConnection<Postgres>> = None;
-    // Whether this round already waited for slots to free (it waits once, then claims).
-    let mut batch_window_used = false;
-    // Whether the last wake-up was a signal: then one more claim follows shortly.
-    let mut follow_up = false;
-    // When the last claim was sent: jobs that became due after it are looked for.
-    let mut claim_sent = Instant::now();
-    let mut rates = Rates::new(&shared);
-    let mut floors = Floors::default();
-    let mut paused = Paused::default();
-    // The full claim in flight, if any (`full_claim`).
-    let mut full: Option<tokio::task::JoinHandle<FullAnswer>> = None;
-    let full_done = Arc::new(tokio::sync::Notify::new());
+    stop: watch::Receiver<bool>,
+    /// The connection claims go through, held across turns: a pool connection is
+    /// pinged on every acquire, which would double the claim's round trips.
+    conn: Option<PoolConnection<Postgres>>,
+    backoff: Backoff,
+    poll: tokio::time::Interval,
+    periodic: Periodic,
+    paused: Paused,
+    rates: Rates,
+    floors: Floors,
+    /// The floor probe in flight, if any, and its signal when it ends.
+    probe: Option<JoinHandle<ProbeAnswer>>,
+    probe_done: Arc<Notify>,
+    /// Whether the last claim took all it asked for, so more may be waiting.
+    more: bool,
+    /// Whether this turn already waited for slots to free (it waits once, then claims).
+    gathered: bool,
+    /// Whether the last wake-up was a signal: then one more claim follows shortly.
+    follow_up: bool,
+    /// When the last claim was sent: jobs that became due after it are looked for.
+    claim_sent: Instant,
+}
 
-    loop {
-        if *stop.borrow() {
-            break;
+impl Producer {
+    fn new(shared: Arc<Shared>, executors: Executors, stop: watch::Receiver<bool>) -> Self {
+        let mut poll = tokio::time::interval(shared.poll_interval);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Producer {
+            periodic: Periodic::new(&shared),
+            rates: Rates::new(&shared),
+            shared,
+            executors,
+            stop,
+            conn: None,
+            backoff: claim_backoff(),
+            poll,
+            paused: Paused::default(),
+            floors: Floors::default(),
+            probe: None,
+            probe_done: Arc::new(Notify::new()),
+            more: true,
+            gathered: false,
+            follow_up: false,
+            claim_sent: Instant::now(),
         }
-        while executors.lock().await.try_join_next().is_some() {}
+    }
 
-        if !periodic.is_empty()
-            && armed_at.is_none_or(|t| t.elapsed() >= arm_every)
-            && arm_periodic(&shared, &periodic).await
-        {
-            armed_at = Some(Instant::now());
-        }
-
-        // Paused kinds: read once per poll interval, and at once when a pause or resume
-        // notifies.
-        if shared
+    /// What runs beside the claims: ended executors, periodic kinds, paused kinds (read
+    /// once per poll interval, and at once when a pause or resume notifies), the rates,
+    /// and the floor probe.
+    async fn tend(&mut self) {
+        while self.executors.lock().await.try_join_next().is_some() {}
+        self.periodic.tend(&self.shared).await;
+        if self
+            .shared
             .paused_changed
             .swap(false, std::sync::atomic::Ordering::AcqRel)
-            || paused
+            || self
+                .paused
                 .read_at
-                .is_none_or(|at| at.elapsed() >= shared.poll_interval)
+                .is_none_or(|at| at.elapsed() >= self.shared.poll_interval)
         {
-            paused.read(&shared, &mut conn).await;
+            self.paused.read(&self.shared, &mut self.conn).await;
         }
-        rates.measure(&shared);
-        let (total_free, mut per_kind) = shared.free(&rates.ahead, rates.total);
+        self.rates.measure(&self.shared);
+        if self.probe.as_ref().is_some_and(JoinHandle::is_finished) {
+            let answer = self.probe.take().expect("checked").await;
+            self.more |= self.settle_probe(answer);
+        }
+        if self.probe.is_none() && self.floors.probe_due(self.shared.poll_interval) {
+            self.start_probe();
+        }
+    }
+
+    /// The free capacity, in all and per kind (none for a paused kind).
+    fn capacity(&self) -> Capacity {
+        let (total, mut per_kind) = self.shared.free(&self.rates.ahead, self.rates.total);
         for (info, free) in &mut per_kind {
-            if paused.kinds.contains(info.kind) {
+            if self.paused.kinds.contains(info.kind) {
                 *free = 0;
             }
         }
-        if full
-            .as_ref()
-            .is_some_and(tokio::task::JoinHandle::is_finished)
-        {
-            let answer = full.take().expect("checked").await;
-            more |= settle_full(answer, &mut floors);
-            continue;
-        }
-        // A full claim is due: it starts beside the claims from the floors.
-        if full.is_none()
-            && floors.full_due(shared.poll_interval)
-            && let Some(ask) = Ask::new(total_free, &per_kind, None)
-        {
-            floors.last_full = Some(Instant::now());
-            full = Some(tokio::spawn(full_claim(
-                shared.clone(),
-                ask,
-                executors.clone(),
-                full_done.clone(),
-            )));
-        }
-        if total_free == 0 || per_kind.iter().all(|(_, n)| *n == 0) {
-            // While a kind is paused, look again within a poll interval even if no
-            // slot frees meanwhile.
-            tokio::select! {
-                _ = shared.slot_freed.notified() => {}
-                () = sleep_if(!paused.kinds.is_empty(), shared.poll_interval) => {}
-                _ = shared.wake.notified(), if !paused.kinds.is_empty() => {}
-                _ = stop.changed() => {}
-            }
-            continue;
-        }
-        if !more {
-            // Idle: sleep until a notification, the next poll, or the moment the next
-            // scheduled job (a retry, a snooze, a delayed enqueue) becomes due; and,
-            // right after a wake-up, claim once more a moment later: producers send one
-            // notification per kind every few milliseconds, so jobs committed just after
-            // the notified one may have sent none.
-            let window = claim_sent.elapsed() + NEXT_DUE_MARGIN;
-            let due = next_due(&shared, &mut conn, &per_kind, window).await;
-            if due == Some(Duration::ZERO) {
-                // A job became due after the last claim looked: claim it now.
-                more = true;
-                continue;
-            }
-            let signalled = tokio::select! {
-                _ = shared.wake.notified() => true,
-                _ = poll.tick() => false,
-                () = sleep_until_due(due) => false,
-                () = sleep_if(follow_up, FOLLOW_UP) => false,
-                _ = full_done.notified(), if full.is_some() => false,
-                _ = stop.changed() => false,
-            };
-            follow_up = signalled;
-            more = true;
-            continue;
-        }
+        (total, per_kind)
+    }
 
-        // Work is waiting but some capacity is taken: give running handlers a moment to
-        // free the rest, so that one claim fetches a full batch instead of a job or two
-        // (W2 in BENCHMARKS.md: at concurrency 100, claims of about 50 drained 33k
-        // jobs/s, full claims 44k). Short handlers free their slots within the window;
-        // long ones cost at most the window per claim. With claims held ahead, the
-        // claim tops them up once half are gone, before the handlers run dry.
-        let capacity = shared.concurrency + rates.total;
-        let target = if rates.total > 0 {
-            capacity / 2
+    /// Whether less is free than a claim should wait for: half of the capacity when
+    /// claims are held ahead (the claim tops them up before the handlers run dry), the
+    /// whole concurrency otherwise.
+    fn below_target(&self, total_free: usize) -> bool {
+        let target = if self.rates.total > 0 {
+            (self.shared.concurrency + self.rates.total) / 2
         } else {
-            shared.concurrency
+            self.shared.concurrency
         };
-        if total_free < target && !batch_window_used {
-            batch_window_used = true;
-            let _ = tokio::time::timeout(BATCH_WINDOW, async {
-                while shared.total_free(rates.total) < target {
-                    shared.slot_freed.notified().await;
-                }
-            })
-            .await;
-            continue;
-        }
-        batch_window_used = false;
+        total_free < target
+    }
 
-        let mut running = executors.lock().await;
-        claim_sent = Instant::now();
-        let round = claim(
-            &shared,
-            &mut conn,
-            total_free,
-            &per_kind,
-            &mut floors,
-            &mut running,
-        );
-        let claimed = super::answer_within(shared.answer_within, "the claim", round).await;
-        drop(running);
-        match claimed {
-            Ok(filled) => {
-                more = filled;
-                backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
-                if !filled {
+    /// No room: waits for a claim to end (and, while a kind is paused, at most a poll
+    /// interval, so that a resume is seen even if no slot frees).
+    async fn wait_for_room(&mut self) {
+        let paused = !self.paused.kinds.is_empty();
+        tokio::select! {
+            _ = self.shared.slot_freed.notified() => {}
+            () = sleep_if(paused, self.shared.poll_interval) => {}
+            _ = self.shared.wake.notified(), if paused => {}
+            _ = self.stop.changed() => {}
+        }
+    }
+
+    /// Idle: sleeps until a notification, the next poll, the moment the next scheduled
+    /// job (a retry, a snooze, a delayed enqueue) becomes due, or the probe's answer;
+    /// right after a wake-up, until a moment later at most.
+    async fn idle(&mut self, per_kind: &[(&'static HandlerInfo, usize)]) {
+        let window = self.claim_sent.elapsed() + NEXT_DUE_MARGIN;
+        let due = next_due(&self.shared, &mut self.conn, per_kind, window).await;
+        self.more = true;
+        if due == Some(Duration::ZERO) {
+            // A job became due after the last claim looked: claim it now.
+            return;
+        }
+        let probing = self.probe.is_some();
+        self.follow_up = tokio::select! {
+            _ = self.shared.wake.notified() => true,
+            _ = self.poll.tick() => false,
+            () = sleep_until_due(due) => false,
+            () = sleep_if(self.follow_up, FOLLOW_UP) => false,
+            _ = self.probe_done.notified(), if probing => false,
+            _ = self.stop.changed() => false,
+        };
+    }
+
+    /// Work is waiting but some capacity is taken: gives running handlers a moment to
+    /// free the rest, so that one claim fetches a full batch instead of a job or two
+    /// (W2 in BENCHMARKS.md: at concurrency 100, claims of about 50 drained 33k jobs/s,
+    /// full claims 44k). Short handlers free their slots within the window; long ones
+    /// cost at most the window per claim.
+    async fn gather(&mut self) {
+        self.gathered = true;
+        let shared = &self.shared;
+        let total = self.rates.total;
+        let _ = tokio::time::timeout(BATCH_WINDOW, async {
+            while self.below_target(shared.total_free(total)) {
+                shared.slot_freed.notified().await;
+            }
+        })
+        .await;
+    }
+
+    /// One claim of every kind with room, and the start of what it took.
+    async fn claim(&mut self, (total_free, per_kind): &Capacity) {
+        self.gathered = false;
+        let Some(ask) = Ask::new(*total_free, per_kind, &self.floors) else {
+            self.more = false;
+            return;
+        };
+        self.claim_sent = Instant::now();
+        let shared = self.shared.clone();
+        let conn = &mut self.conn;
+        let fetch = async {
+            let c = match conn {
+                Some(c) => c,
+                None => conn.insert(shared.db.acquire().await?),
+            };
+            ask.fetch(&shared, c).await
+        };
+        match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
+            Ok(rows) => {
+                self.backoff = claim_backoff();
+                self.more = ask.filled(&rows);
+                self.start_all(rows).await;
+                if !self.more {
                     // Idle next: let the executors just started (each waiting in this
                     // worker's next-task slot) begin their handlers before the next-due
                     // query is written, which would otherwise go first.
                     tokio::task::yield_now().await;
                 }
             }
-            Err(e) => {
-                conn = None; // it may be broken: take a fresh one next time
-                let wait = backoff.after(&e);
-                tracing::warn!(error = %e, retry_in = ?wait, "cannot claim jobs; retrying");
-                // The listener's reconnection (the database is back) ends the wait.
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = shared.reconnected.notified() => {}
-                    _ = stop.changed() => {}
+            Err(e) => self.claim_failed(&e).await,
+        }
+    }
+
+    /// Moves the floors and starts the claimed rows, in claim order.
+    async fn start_all(&mut self, mut rows: Vec<ClaimRow>) {
+        if let Some(first) = rows.first()
+            && let (Some(at), Some(xmax)) = (first.at, first.xmax)
+        {
+            let reports: Vec<Report> = rows
+                .iter()
+                .filter_map(|r| {
+                    let (&kind, _) = self.shared.handlers.get_key_value(r.kind.as_str())?;
+                    Some(Report {
+                        kind,
+                        priority: r.priority,
+                        run_after: r.run_after?,
+                        held_back: r.held_back,
+                    })
+                })
+                .collect();
+            let snapshot = Snapshot {
+                at,
+                xmax,
+                oldest: first.oldest,
+            };
+            self.floors.after_claim(&snapshot, &reports);
+        }
+        // The update returns its rows in id order; they start in the claim's.
+        rows.sort_by(|a, b| {
+            (a.priority, a.run_after, a.id)
+                .partial_cmp(&(b.priority, b.run_after, b.id))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        let mut running = self.executors.lock().await;
+        for row in rows {
+            start(&self.shared, row, &mut running);
+        }
+    }
+
+    /// The claim failed: a fresh connection next time, after a backoff that the
+    /// listener's reconnection (the database is back) ends early.
+    async fn claim_failed(&mut self, e: &sqlx::Error) {
+        self.conn = None;
+        let wait = self.backoff.after(e);
+        tracing::warn!(error = %crate::error::server_message(e), retry_in = ?wait, "cannot claim jobs; retrying");
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = self.shared.reconnected.notified() => {}
+            _ = self.stop.changed() => {}
+        }
+    }
+
+    /// Starts the floor probe beside the claims, on a connection of the runtime's pool.
+    fn start_probe(&mut self) {
+        let mut kinds = Vec::new();
+        let mut floors = Vec::new();
+        for kind in self.shared.handlers.keys() {
+            kinds.push(*kind);
+            floors.extend(self.floors.set_of(kind));
+        }
+        if floors.iter().all(Option::is_none) {
+            return; // no floor yet: nothing can be behind one
+        }
+        self.floors.probe_started();
+        let shared = self.shared.clone();
+        let done = self.probe_done.clone();
+        self.probe = Some(tokio::spawn(async move {
+            let begun = Instant::now();
+            let query = async {
+                let mut conn = shared.db.acquire().await?;
+                crate::pooler::alone!(
+                    &mut *conn,
+                    crate::pooler::query_as::<_, (String, i16, f64)>(sql::FLOOR_PROBE)
+                        .bind(&kinds)
+                        .bind(&floors),
+                    fetch_all
+                )
+                .await
+            };
+            let found = super::answer_within(shared.answer_within, "the floor probe", query).await;
+            done.notify_one();
+            (found, begun.elapsed())
+        }));
+    }
+
+    /// Reads a finished probe's answer: lowers the floors to what it found behind them.
+    /// Returns whether it found anything.
+    fn settle_probe(&mut self, answer: Result<ProbeAnswer, tokio::task::JoinError>) -> bool {
+        match answer {
+            Ok((Ok(found), took)) => {
+                self.floors.probe_ended(took);
+                for (kind, priority, run_after) in &found {
+                    if let Some((&kind, _)) = self.shared.handlers.get_key_value(kind.as_str()) {
+                        self.floors.lower(kind, *priority, *run_after);
+                    }
                 }
+                !found.is_empty()
+            }
+            Ok((Err(e), took)) => {
+                self.floors.probe_ended(took);
+                tracing::warn!(error = %crate::error::server_message(&e), "cannot look behind the claims' floors; retrying");
+                false
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the floor probe's task ended without an answer");
+                false
             }
         }
     }
-    // A full claim still in flight: wait until it has started what it took, so that
-    // those jobs are handed back now (shutdown has begun) rather than left to their
-    // leases.
-    if let Some(handle) = full.take() {
-        settle_full(handle.await, &mut floors);
-    }
+}
+
+/// The floor probe's answer: what it found behind the floors (kind, priority,
+/// run-after), and how long it took.
+type ProbeAnswer = (Result<Vec<(String, i16, f64)>, sqlx::Error>, Duration);
+
+/// The backoff between failed claims.
+fn claim_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(30))
 }
 
 /// The kinds an operator has paused (`jobs::admin::pause`), as last read.
@@ -295,52 +466,9 @@ impl Paused {
             }
             Err(e) => {
                 *conn = None;
-                tracing::debug!(error = %e, "cannot read the paused kinds");
+                tracing::debug!(error = %crate::error::server_message(&e), "cannot read the paused kinds");
             }
         }
-    }
-}
-
-/// Where each kind's next claim starts (see `sql::CLAIM_FLOOR_LAG`), and when the last
-/// full claim, from the start of the kinds' ranges, ran.
-#[derive(Default)]
-struct Floors {
-    /// The latest run-after claimed per kind and priority, in seconds since the epoch
-    /// (database clock).
-    latest: HashMap<(&'static str, i16), f64>,
-    last_full: Option<Instant>,
-    full_took: Duration,
-}
-
-impl Floors {
-    /// Whether a full claim is due (it starts beside the claims from the floors): at
-    /// least once per poll interval, and no more often than every 1,000 times the last
-    /// full claim's duration (but at least every 30 s, so that one slow full claim
-    /// cannot put the next far off). Counted from the start of the last one.
-    ///
-    /// Under a held horizon a full claim walks every dead entry (up to 250 ms past a
-    /// million) and takes a core for that long; at 1 % of the time (every 100 times its
-    /// duration) one ran every 5 to 20 s, and the 5 s windows that held one had the
-    /// pickup's worst p95 (`bench horizon`, BENCHMARKS.md). A full claim under 1 ms (an
-    /// idle queue in clean conditions: 0.1 ms) still runs every poll interval. Its
-    /// duration also counts the rows it takes: in a busy drain a full claim of 500 jobs
-    /// takes about 8 ms, and the next comes 8 s later, so a job left behind the floor
-    /// waits that long there too (at most 30 s, as under a held horizon).
-    fn full_due(&self, poll: Duration) -> bool {
-        self.last_full.is_none_or(|at| {
-            at.elapsed() >= poll.max((self.full_took * 1_000).min(Duration::from_secs(30)))
-        })
-    }
-
-    /// The floors of `kind`'s ten priorities, in priority order.
-    fn floors(&self, kind: &'static str) -> impl Iterator<Item = f64> + '_ {
-        (0..=crate::MAX_PRIORITY).map(move |priority| {
-            self.latest
-                .get(&(kind, priority))
-                .map_or(f64::NEG_INFINITY, |latest| {
-                    latest - sql::CLAIM_FLOOR_LAG.as_secs_f64()
-                })
-        })
     }
 }
 
@@ -433,7 +561,7 @@ async fn next_due(
         Ok(seconds) => seconds.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0))),
         Err(e) => {
             *conn = None;
-            tracing::debug!(error = %e, "cannot read when the next job is due; polling");
+            tracing::debug!(error = %crate::error::server_message(&e), "cannot read when the next job is due; polling");
             None
         }
     }
@@ -459,48 +587,42 @@ async fn sleep_until_due(due: Option<Duration>) {
     }
 }
 
-/// What one claim asks for: the kinds with free capacity, each kind's limit and lease,
-/// the floors (none for a full claim), the total, and the statement that fits.
+/// What one claim asks for: the kinds with free capacity, each kind's limit, lease and
+/// floors, the total, and the statement that fits.
 struct Ask {
     kinds: Vec<&'static str>,
     limits: Vec<i32>,
     leases: Vec<i64>,
-    from: Vec<f64>,
+    floors: Vec<f64>,
     want: usize,
     statement: &'static str,
 }
 
 impl Ask {
-    /// The claim of every kind with free capacity; from the floors, or from the start
-    /// of each kind's range (`floors` None: a full claim). None if no kind has room.
+    /// The claim of every kind with free capacity, from its floors. None if no kind has
+    /// room.
     fn new(
         total_free: usize,
         per_kind: &[(&'static HandlerInfo, usize)],
-        floors: Option<&Floors>,
+        floors: &Floors,
     ) -> Option<Ask> {
         let mut ask = Ask {
             kinds: Vec::new(),
             limits: Vec::new(),
             leases: Vec::new(),
-            from: Vec::new(),
+            floors: Vec::new(),
             want: 0,
             statement: "",
         };
         let mut asked = 0usize;
-        for (info, free) in per_kind {
-            if *free > 0 {
-                // The statement takes at most `sql::CLAIM_MAX_PER_KIND` of a kind: a
-                // limit above it would never be filled, and a claim that is not filled
-                // says the queue is empty (the runtime would then wait for the poll).
-                let free = (*free).min(sql::CLAIM_MAX_PER_KIND);
-                ask.kinds.push(info.kind);
-                ask.limits.push(i32::try_from(free).unwrap_or(i32::MAX));
-                ask.leases.push(millis(info.config.lease_length()));
-                if let Some(floors) = floors {
-                    ask.from.extend(floors.floors(info.kind));
-                }
-                asked = asked.saturating_add(free);
-            }
+        for (info, free) in per_kind.iter().filter(|(_, free)| *free > 0) {
+            // The statement takes at most `sql::CLAIM_MAX_PER_KIND` of a kind.
+            let free = (*free).min(sql::CLAIM_MAX_PER_KIND);
+            ask.kinds.push(info.kind);
+            ask.limits.push(i32::try_from(free).unwrap_or(i32::MAX));
+            ask.leases.push(millis(info.config.lease_length()));
+            ask.floors.extend(floors.of(info.kind));
+            asked = asked.saturating_add(free);
         }
         if ask.kinds.is_empty() {
             return None;
@@ -508,13 +630,28 @@ impl Ask {
         ask.want = asked.min(total_free);
         // The kinds' limits add up to more than the claim takes (several kinds, each
         // allowed all the free slots): the claim that shares the limit among them.
-        ask.statement = match (asked > ask.want, floors.is_none()) {
-            (true, true) => sql::CLAIM_SPLIT,
-            (true, false) => sql::CLAIM_SPLIT_FROM,
-            (false, true) => sql::CLAIM,
-            (false, false) => sql::CLAIM_FROM,
+        ask.statement = if asked > ask.want {
+            sql::CLAIM_SPLIT
+        } else {
+            sql::CLAIM
         };
         Some(ask)
+    }
+
+    /// Whether more may be waiting: the claim took all it asked for, or all it asked of
+    /// some kind (a kind's limit, `sql::CLAIM_MAX_PER_KIND` at most, may be less than
+    /// the total).
+    fn filled(&self, rows: &[ClaimRow]) -> bool {
+        if rows.len() >= self.want {
+            return true;
+        }
+        let mut taken: HashMap<&str, usize> = HashMap::new();
+        for row in rows {
+            *taken.entry(row.kind.as_str()).or_default() += 1;
+        }
+        self.kinds.iter().zip(&self.limits).any(|(kind, limit)| {
+            taken.get(kind).copied().unwrap_or(0) >= usize::try_from(*limit).unwrap_or(0)
+        })
     }
 
     /// Runs the claim on `conn`.
@@ -530,7 +667,7 @@ impl Ask {
                 .bind(&self.limits)
                 .bind(&self.leases)
                 .bind(i32::try_from(self.want).unwrap_or(i32::MAX))
-                .bind(&self.from)
+                .bind(&self.floors)
                 .bind(shared.runtime_id),
             fetch_all
         )
@@ -538,125 +675,26 @@ impl Ask {
     }
 }
 
-/// One round of claims from the floors: every kind with free capacity in one
-/// statement, whatever its lease mode, so that kinds take turns by `run_after`.
-/// Returns whether any kind may have more claimable jobs.
-async fn claim(
-    shared: &Arc<Shared>,
-    conn: &mut Option<PoolConnection<Postgres>>,
-    total_free: usize,
-    per_kind: &[(&'static HandlerInfo, usize)],
-    floors: &mut Floors,
-    executors: &mut JoinSet<()>,
-) -> Result<bool, sqlx::Error> {
-    let Some(ask) = Ask::new(total_free, per_kind, Some(floors)) else {
-        return Ok(false);
-    };
-    let claimer = match conn {
-        Some(c) => c,
-        None => conn.insert(shared.db.acquire().await?),
-    };
-    let rows = ask.fetch(shared, claimer).await?;
-    let more = rows.len() >= ask.want;
-    for row in rows {
-        start(shared, row, Some(&mut *floors), executors);
-    }
-    Ok(more)
-}
-
-/// A full claim's answer: whether it filled its ask (or its error), and how long it
-/// took.
-type FullAnswer = (Result<bool, sqlx::Error>, Duration);
-
-/// A full claim, from the start of each kind's range, on a connection of its own. It
-/// runs beside the claims from the floors, never in front of them: while the xmin
-/// horizon is held it walks every dead entry left since the horizon (200 ms at a
-/// million, `bench horizon`), and pickups waited behind it. Concurrent claims take
-/// disjoint rows (`SKIP LOCKED`); together they may hold up to twice the free capacity
-/// for a moment, and what has no slot waits for one as a claim taken ahead does. It
-/// starts what it took itself, the moment the answer arrives, whatever the producer is
-/// waiting for meanwhile: a claimed job's lease runs from the claim, and its renewals
-/// from its start. (Its jobs do not move the floors; the producer's claims do.) Its
-/// connection goes back to the runtime's pool after each (at most one per poll
-/// interval).
-async fn full_claim(
-    shared: Arc<Shared>,
-    ask: Ask,
-    executors: Executors,
-    done: Arc<tokio::sync::Notify>,
-) -> FullAnswer {
-    let begun = Instant::now();
-    let query = async {
-        let mut conn = shared.db.acquire().await?;
-        ask.fetch(&shared, &mut conn).await
-    };
-    let rows = super::answer_within(shared.answer_within, "the full claim", query).await;
-    let took = begun.elapsed();
-    let filled = match rows {
-        Ok(rows) => {
-            let filled = rows.len() >= ask.want;
-            let mut running = executors.lock().await;
-            for row in rows {
-                start(&shared, row, None, &mut running);
-            }
-            Ok(filled)
-        }
-        Err(e) => Err(e),
-    };
-    done.notify_one();
-    (filled, took)
-}
-
-/// Reads a finished full claim's answer. Returns whether it filled its ask.
-fn settle_full(answer: Result<FullAnswer, tokio::task::JoinError>, floors: &mut Floors) -> bool {
-    match answer {
-        Ok((filled, took)) => {
-            floors.full_took = took;
-            filled.unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "cannot claim from the start of the ranges; retrying");
-                false
-            })
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "the full claim's task ended without an answer");
-            false
-        }
-    }
-}
-
-/// Starts the executor of a claimed job, and, given the floors, moves its kind's floor
-/// up to the job's run-after.
-fn start(
-    shared: &Arc<Shared>,
-    (id, kind, attempts, max_attempts, token, payload, waited, run_after, priority): ClaimRow,
-    floors: Option<&mut Floors>,
-    executors: &mut JoinSet<()>,
-) {
-    let Some(&handler) = shared.handlers.get(kind.as_str()) else {
+/// Starts the executor of a claimed job.
+fn start(shared: &Arc<Shared>, row: ClaimRow, executors: &mut JoinSet<()>) {
+    let Some(&handler) = shared.handlers.get(row.kind.as_str()) else {
         // Cannot happen: the claim names only kinds with a handler.
-        tracing::error!(job.id = id, job.kind = %kind, "claimed a job of a kind with no handler");
+        tracing::error!(job.id = row.id, job.kind = %row.kind, "claimed a job of a kind with no handler");
         return;
     };
-    if let (Some(run_after), Some(floors)) = (run_after, floors) {
-        let latest = floors
-            .latest
-            .entry((handler.kind, priority))
-            .or_insert(run_after);
-        *latest = latest.max(run_after);
-    }
     shared.take_slot(handler.kind);
-    observe::claimed(handler.kind, waited.unwrap_or(0.0));
+    observe::claimed(handler.kind, row.waited.unwrap_or(0.0));
     // The database's clock at the claim: the job's run-after plus how long it waited.
-    let db_claimed_us = match (run_after, waited) {
+    let db_claimed_us = match (row.run_after, row.waited) {
         (Some(run_after), Some(waited)) => Some(((run_after + waited) * 1e6) as i64),
         _ => None,
     };
     let claimed = Claimed {
-        id,
-        attempt: u32::try_from(attempts).unwrap_or(0),
-        max_attempts: u32::try_from(max_attempts).unwrap_or(1),
-        token,
-        payload,
+        id: row.id,
+        attempt: u32::try_from(row.attempts).unwrap_or(0),
+        max_attempts: u32::try_from(row.max_attempts).unwrap_or(1),
+        token: row.claimed_by,
+        payload: row.payload,
         claimed_at: Instant::now(),
         db_claimed_us,
     };
@@ -669,68 +707,4 @@ fn start(
         handler,
         claimed,
     )));
-}
-
-/// Makes sure each periodic kind has its one live job. Returns false on a database error.
-async fn arm_periodic(shared: &Shared, periodic: &[&'static HandlerInfo]) -> bool {
-    // Cron kinds are armed at their next fire time, computed from the database's clock.
-    let mut db_now_us = None;
-    if periodic.iter().any(|h| h.config.cron.is_some()) {
-        match crate::pooler::alone!(
-            &shared.db,
-            crate::pooler::query_scalar::<_, i64>(sql::DB_NOW),
-            fetch_one
-        )
-        .await
-        {
-            Ok(now) => db_now_us = Some(now),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the database's clock to arm cron kinds");
-                return false;
-            }
-        }
-    }
-    for info in periodic {
-        let (period_ms, due_ms) = match (info.config.every, db_now_us) {
-            (Some(every), _) => (millis(every), 0),
-            (None, Some(now)) => match info.config.next_run_ms(now) {
-                Some(due) => (0, due),
-                None => continue, // the schedule never fires again
-            },
-            (None, None) => continue,
-        };
-        let payload = match (info.periodic_payload)() {
-            Some(Ok(payload)) => payload,
-            Some(Err(e)) => {
-                tracing::error!(job.kind = info.kind, error = %e, "cannot serialize the periodic job");
-                continue;
-            }
-            None => continue,
-        };
-        let result = crate::pooler::alone!(
-            &shared.db,
-            crate::pooler::query(sql::ARM_PERIODIC)
-                .bind(info.kind)
-                .bind(payload)
-                .bind(i32::try_from(info.config.max_attempts).unwrap_or(i32::MAX))
-                .bind(sql::PERIODIC_KEY)
-                .bind(period_ms)
-                .bind(due_ms)
-                .bind(info.config.priority),
-            execute
-        )
-        .await;
-        match result {
-            Ok(r) if r.rows_affected() > 0 => {
-                tracing::debug!(job.kind = info.kind, "armed periodic job");
-                shared.wake.notify_one();
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(job.kind = info.kind, error = %e, "cannot arm periodic job");
-                return false;
-            }
-        }
-    }
-    true
 }

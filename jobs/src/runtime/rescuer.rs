@@ -55,7 +55,9 @@ pub(super) async fn run(shared: Arc<Shared>, every: Duration) {
                 }
                 shared.wake.notify_one();
             }
-            Err(e) => tracing::warn!(error = %e, "cannot look for expired claims; retrying"),
+            Err(e) => {
+                tracing::warn!(error = %crate::error::server_message(&e), "cannot look for expired claims; retrying")
+            }
         }
     }
 }
@@ -74,7 +76,7 @@ pub(super) async fn prune(shared: Arc<Shared>, retain_failed: Option<Duration>) 
         )
         .await
         {
-            tracing::debug!(error = %e, "cannot prune the throughput history");
+            tracing::debug!(error = %crate::error::server_message(&e), "cannot prune the throughput history");
         }
         let mut backlog = false;
         for info in shared.handlers.values() {

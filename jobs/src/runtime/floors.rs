@@ -1,0 +1,253 @@
+//! Where each claim's scans start: one floor per (kind, priority), moved by what each
+//! claim reports, and the probe that finds what was left behind them anyway.
+//!
+//! A claim's scan of a (kind, priority) range starts at its floor instead of the start
+//! of the range, so that the dead entries of the jobs claimed before are not walked
+//! again (`sql::CLAIM_FLOOR_LAG` says why that matters under a held horizon). A floor
+//! may only pass run-afters no pending row can still have. After each claim it moves
+//! to the latest run-after taken, less the lag, unless the claim reports why not:
+//!
+//! - `held_back`: the scan passed rows that another transaction held locked: the floor
+//!   stays at the first of them;
+//! - `oldest`: a transaction that was in progress at the claim's snapshot holds a write
+//!   or row lock on the table (or has ended since): it may commit a pending row the
+//!   claim could not see, written no earlier than the time its xid was assigned. The
+//!   claims' snapshots (`xmax`, and the claim's `now()`) date the xid: it was assigned
+//!   after the latest earlier claim whose `xmax` it reaches, so every floor stays below
+//!   that claim's time.
+//!
+//! The probe ([`sql::FLOOR_PROBE`]) runs beside the claims and lowers a floor to any
+//! claimable row found behind it: a claimer that died while it held rows, a statement
+//! that ran longer than the lag before it wrote. Under a held horizon it walks what the
+//! floors spare the claims, so it is spaced by its own duration.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::sql;
+
+/// How many earlier claims' snapshots are kept to date a writer's xid, one per
+/// `SNAPSHOT_EVERY` at most (so at least the last 40 s of them). A writer older than
+/// all of them is dated to the start of time: claims then read from the start of their
+/// ranges until it ends.
+const SNAPSHOTS_KEPT: usize = 4_096;
+
+/// The least time between two snapshots kept.
+const SNAPSHOT_EVERY: Duration = Duration::from_millis(10);
+
+/// One claimed row's report on the floors, as the claim returned it.
+pub(super) struct Report {
+    pub kind: &'static str,
+    pub priority: i16,
+    /// The row's run-after, seconds since the epoch (database clock).
+    pub run_after: f64,
+    /// The first row the scan of this (kind, priority) passed while it was locked.
+    pub held_back: Option<f64>,
+}
+
+/// What every row of one claim reports alike: the claim's `now()` (seconds since the
+/// epoch), its snapshot's `xmax`, and the oldest writer in progress at that snapshot.
+pub(super) struct Snapshot {
+    pub at: f64,
+    pub xmax: i64,
+    pub oldest: Option<i64>,
+}
+
+/// The floors of a runtime's kinds, and the state of the probe behind them.
+#[derive(Default)]
+pub(super) struct Floors {
+    /// Where the next claim of each (kind, priority) starts, seconds since the epoch.
+    at: HashMap<(&'static str, i16), f64>,
+    /// Earlier claims' `(xmax, now)`, oldest first.
+    snapshots: VecDeque<(i64, f64)>,
+    last_probe: Option<Instant>,
+    probe_took: Duration,
+}
+
+impl Floors {
+    /// The floors of `kind`'s ten priorities, in priority order (the start of the range,
+    /// negative infinity, where none is set).
+    pub(super) fn of(&self, kind: &'static str) -> impl Iterator<Item = f64> + '_ {
+        (0..=crate::MAX_PRIORITY).map(move |priority| {
+            self.at
+                .get(&(kind, priority))
+                .copied()
+                .unwrap_or(f64::NEG_INFINITY)
+        })
+    }
+
+    /// The floors of `kind`'s ten priorities for the probe: NULL (nothing behind) where
+    /// none is set.
+    pub(super) fn set_of(&self, kind: &'static str) -> impl Iterator<Item = Option<f64>> + '_ {
+        (0..=crate::MAX_PRIORITY).map(move |priority| self.at.get(&(kind, priority)).copied())
+    }
+
+    /// Moves the floors after a claim that took `rows`.
+    pub(super) fn after_claim(&mut self, snapshot: &Snapshot, rows: &[Report]) {
+        // The oldest writer's time: before any run-after it may still commit.
+        let cap = snapshot.oldest.map_or(f64::INFINITY, |x| self.dated(x));
+        self.keep_snapshot(snapshot);
+        let lag = sql::CLAIM_FLOOR_LAG.as_secs_f64();
+        // Per range: the latest row taken, or the first row passed while locked (the
+        // same on every row of that range).
+        let mut reached: HashMap<(&'static str, i16), f64> = HashMap::new();
+        for row in rows {
+            let to = row.held_back.unwrap_or(row.run_after);
+            reached
+                .entry((row.kind, row.priority))
+                .and_modify(|r| *r = r.max(to))
+                .or_insert(to);
+        }
+        for (range, to) in reached {
+            // Every row the claim counted lies at or past the old floor, so this never
+            // passes a row it held back; and the old floor lies below every writer in
+            // progress then, or since (each one wrote after that claim's snapshot).
+            let floor = self.at.entry(range).or_insert(f64::NEG_INFINITY);
+            *floor = floor.max(to.min(cap) - lag);
+        }
+    }
+
+    /// Lowers the floor of `(kind, priority)` to `run_after`, where the probe found a
+    /// claimable row behind it.
+    pub(super) fn lower(&mut self, kind: &'static str, priority: i16, run_after: f64) {
+        if let Some(floor) = self.at.get_mut(&(kind, priority))
+            && run_after < *floor
+        {
+            tracing::debug!(
+                job.kind = kind,
+                priority,
+                "a claimable job behind the floor: claiming from it"
+            );
+            *floor = run_after;
+        }
+    }
+
+    /// The time of the latest earlier claim whose snapshot's `xmax` xid `x` reaches:
+    /// `x` was assigned after it. Negative infinity if none is known.
+    fn dated(&self, x: i64) -> f64 {
+        self.snapshots
+            .iter()
+            .rev()
+            .find(|(xmax, _)| *xmax <= x)
+            .map_or(f64::NEG_INFINITY, |(_, at)| *at)
+    }
+
+    /// Keeps this claim's snapshot, at most one per `SNAPSHOT_EVERY`: a writer is then
+    /// dated up to that much early, which only keeps a floor lower.
+    fn keep_snapshot(&mut self, snapshot: &Snapshot) {
+        if self
+            .snapshots
+            .back()
+            .is_some_and(|(_, at)| snapshot.at - at < SNAPSHOT_EVERY.as_secs_f64())
+        {
+            return;
+        }
+        if self.snapshots.len() >= SNAPSHOTS_KEPT {
+            self.snapshots.pop_front();
+        }
+        self.snapshots.push_back((snapshot.xmax, snapshot.at));
+    }
+
+    /// Whether the probe is due: at least once per poll interval, and no more often
+    /// than every 1,000 times its last duration (but at least every 30 s, so that one
+    /// slow probe cannot put the next far off). Counted from the start of the last one.
+    ///
+    /// Under a held horizon the probe walks every dead entry behind the floors (up to
+    /// 250 ms past a million) and takes a core for that long; at 1 % of the time the
+    /// 5 s windows that held one had the pickup's worst p95 (`bench horizon`,
+    /// BENCHMARKS.md). A probe under 1 ms (clean conditions: 0.1 ms) runs every poll
+    /// interval.
+    pub(super) fn probe_due(&self, poll: Duration) -> bool {
+        self.last_probe.is_none_or(|at| {
+            at.elapsed() >= poll.max((self.probe_took * 1_000).min(Duration::from_secs(30)))
+        })
+    }
+
+    /// A probe starts now.
+    pub(super) fn probe_started(&mut self) {
+        self.last_probe = Some(Instant::now());
+    }
+
+    /// A probe took `took`.
+    pub(super) fn probe_ended(&mut self, took: Duration) {
+        self.probe_took = took;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(run_after: f64, held_back: Option<f64>) -> Report {
+        Report {
+            kind: "k",
+            priority: 0,
+            run_after,
+            held_back,
+        }
+    }
+
+    fn snap(at: f64, xmax: i64, oldest: Option<i64>) -> Snapshot {
+        Snapshot { at, xmax, oldest }
+    }
+
+    fn floor(f: &Floors) -> f64 {
+        f.of("k").next().unwrap()
+    }
+
+    #[test]
+    fn a_floor_follows_the_latest_row_taken_less_the_lag() {
+        let mut f = Floors::default();
+        f.after_claim(&snap(10.0, 100, None), &[row(5.0, None), row(7.0, None)]);
+        assert!((floor(&f) - 6.9).abs() < 1e-9);
+        // Never back down by itself.
+        f.after_claim(&snap(11.0, 101, None), &[row(6.0, None)]);
+        assert!((floor(&f) - 6.9).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_row_passed_while_locked_holds_the_floor() {
+        let mut f = Floors::default();
+        f.after_claim(
+            &snap(10.0, 100, None),
+            &[row(9.0, Some(2.0)), row(8.0, Some(2.0))],
+        );
+        assert!((floor(&f) - 1.9).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_writer_in_progress_holds_every_floor_below_its_start() {
+        let mut f = Floors::default();
+        f.after_claim(&snap(1.0, 100, None), &[row(0.5, None)]);
+        // Xid 105 was assigned after the claim at 1.0 (xmax 100): its rows' run-afters
+        // may be as early as 1.0, however late it commits.
+        f.after_claim(&snap(2.0, 110, Some(105)), &[row(1.5, None)]);
+        assert!((floor(&f) - 0.9).abs() < 1e-9, "{}", floor(&f));
+        f.after_claim(&snap(3.0, 120, Some(105)), &[row(2.9, None)]);
+        assert!((floor(&f) - 0.9).abs() < 1e-9, "{}", floor(&f));
+        // Gone: the floor follows the rows again.
+        f.after_claim(&snap(4.0, 130, None), &[row(3.9, None)]);
+        assert!((floor(&f) - 3.8).abs() < 1e-9, "{}", floor(&f));
+    }
+
+    #[test]
+    fn a_writer_older_than_every_snapshot_kept_is_dated_to_the_start() {
+        let mut f = Floors::default();
+        f.after_claim(&snap(1.0, 100, Some(50)), &[row(0.5, None)]);
+        assert_eq!(floor(&f), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn snapshots_are_thinned_and_date_a_writer_no_later_than_its_xid() {
+        let mut f = Floors::default();
+        for i in 0..10 {
+            // A claim every 6 ms: every other one is kept.
+            f.after_claim(&snap(f64::from(i) * 0.006, 100 + i64::from(i), None), &[]);
+        }
+        assert_eq!(f.snapshots.len(), 5);
+        assert_eq!(f.dated(99), f64::NEG_INFINITY);
+        // Xid 105 was assigned after the claim with xmax 105 (kept? no: 104 was), so
+        // it is dated to 104's time.
+        assert!((f.dated(105) - 0.024).abs() < 1e-9, "{}", f.dated(105));
+    }
+}
