@@ -232,9 +232,12 @@ macro_rules! floor_of {
 /// Every statement that makes a row pending sets a run-after no earlier than its own
 /// start, so such a row's run-after is at least the time that transaction wrote; the
 /// runtime maps the xid to a time through the snapshots' `xmax` of its earlier claims
-/// and keeps its floors below it (`producer::Floors`). A transaction that holds the
+/// and keeps its floors below it (`runtime::floors`). A transaction that holds the
 /// vacuum horizon without touching `jobs` (an idle session, a report) is not a writer.
-/// `pg_locks` is read once per claim (about 0.1 ms).
+/// And `waiting`: when the longest wait for a lock began among the statements on
+/// `jobs` (an enqueue waiting for its key's lock, say): such a statement has no xid
+/// yet, and its run-after dates from before the wait. `pg_locks` is read once per
+/// claim (about 0.1 ms); `waitstart` needs PostgreSQL 14.
 macro_rules! claim_tail {
     () => {
         concat!(
@@ -264,25 +267,32 @@ snap AS MATERIALIZED (
     SELECT pg_current_snapshot() AS s, extract(epoch FROM now())::float8 AS at
 ),
 locks AS MATERIALIZED (
-    SELECT l.locktype, l.virtualtransaction, l.transactionid::text::bigint AS xid
+    SELECT l.locktype, l.virtualtransaction, l.transactionid::text::bigint AS xid,
+           l.granted, l.waitstart
     FROM pg_locks l
-    WHERE l.granted
-      AND (l.locktype = 'transactionid'
-           OR (l.locktype = 'relation' AND l.relation = 'jobs'::regclass
-               AND l.mode IN ('RowExclusiveLock', 'RowShareLock')))
+    WHERE NOT l.granted
+       OR l.locktype = 'transactionid'
+       OR (l.locktype = 'relation' AND l.relation = 'jobs'::regclass
+           AND l.mode IN ('RowExclusiveLock', 'RowShareLock'))
 ),
 writers AS MATERIALIZED (
     SELECT sn.at, pg_snapshot_xmax(sn.s)::text::bigint AS xmax,
            (SELECT min(x::text::bigint)
             FROM pg_snapshot_xip(sn.s) AS x
             WHERE NOT EXISTS (SELECT 1 FROM locks t
-                              WHERE t.locktype = 'transactionid'
+                              WHERE t.locktype = 'transactionid' AND t.granted
                                 AND t.xid = x::text::bigint % 4294967296)
                OR EXISTS (SELECT 1 FROM locks t JOIN locks r
                             ON r.virtualtransaction = t.virtualtransaction
-                          WHERE t.locktype = 'transactionid'
+                          WHERE t.locktype = 'transactionid' AND t.granted
                             AND t.xid = x::text::bigint % 4294967296
-                            AND r.locktype = 'relation')) AS oldest
+                            AND r.locktype = 'relation' AND r.granted)) AS oldest,
+           (SELECT extract(epoch FROM min(coalesce(w.waitstart, now())))::float8
+            FROM locks w
+            WHERE NOT w.granted
+              AND EXISTS (SELECT 1 FROM locks r
+                          WHERE r.virtualtransaction = w.virtualtransaction
+                            AND r.locktype = 'relation')) AS waiting
     FROM snap sn
 ),
 claimed AS (
@@ -303,7 +313,7 @@ SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.wait
        c.run_after, c.priority,
        (SELECT extract(epoch FROM p.first)::float8 FROM passed p
         WHERE p.kind = c.kind AND p.priority = c.priority) AS held_back,
-       wr.at, wr.xmax, wr.oldest
+       wr.at, wr.xmax, wr.oldest, wr.waiting
 FROM claimed c CROSS JOIN writers wr
 "#
         )

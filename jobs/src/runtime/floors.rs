@@ -16,6 +16,9 @@
 //!   after the latest earlier claim whose `xmax` it reaches, so every floor stays below
 //!   that claim's time.
 //!
+//! - `waiting`: a statement on the table waits for a lock (an enqueue waiting for its
+//!   key's lock): it has no xid yet, and its run-after dates from before the wait.
+//!
 //! The probe ([`sql::FLOOR_PROBE`]) runs beside the claims and lowers a floor to any
 //! claimable row found behind it: a claimer that died while it held rows, a statement
 //! that ran longer than the lag before it wrote. Under a held horizon it walks what the
@@ -46,11 +49,13 @@ pub(super) struct Report {
 }
 
 /// What every row of one claim reports alike: the claim's `now()` (seconds since the
-/// epoch), its snapshot's `xmax`, and the oldest writer in progress at that snapshot.
+/// epoch), its snapshot's `xmax`, the oldest writer in progress at that snapshot, and
+/// when the longest wait for a lock among the statements on `jobs` began.
 pub(super) struct Snapshot {
     pub at: f64,
     pub xmax: i64,
     pub oldest: Option<i64>,
+    pub waiting: Option<f64>,
 }
 
 /// The floors of a runtime's kinds, and the state of the probe behind them.
@@ -85,7 +90,10 @@ impl Floors {
     /// Moves the floors after a claim that took `rows`.
     pub(super) fn after_claim(&mut self, snapshot: &Snapshot, rows: &[Report]) {
         // The oldest writer's time: before any run-after it may still commit.
-        let cap = snapshot.oldest.map_or(f64::INFINITY, |x| self.dated(x));
+        let cap = snapshot
+            .oldest
+            .map_or(f64::INFINITY, |x| self.dated(x))
+            .min(snapshot.waiting.unwrap_or(f64::INFINITY));
         self.keep_snapshot(snapshot);
         let lag = sql::CLAIM_FLOOR_LAG.as_secs_f64();
         // Per range: the latest row taken, or the first row passed while locked (the
@@ -188,7 +196,12 @@ mod tests {
     }
 
     fn snap(at: f64, xmax: i64, oldest: Option<i64>) -> Snapshot {
-        Snapshot { at, xmax, oldest }
+        Snapshot {
+            at,
+            xmax,
+            oldest,
+            waiting: None,
+        }
     }
 
     fn floor(f: &Floors) -> f64 {

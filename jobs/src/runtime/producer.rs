@@ -97,6 +97,7 @@ struct ClaimRow {
     at: Option<f64>,
     xmax: Option<i64>,
     oldest: Option<i64>,
+    waiting: Option<f64>,
 }
 
 /// The running executors. Owned by the runtime, not by the producer: if the producer
@@ -333,6 +334,7 @@ impl Producer {
                 at,
                 xmax,
                 oldest: first.oldest,
+                waiting: first.waiting,
             };
             self.floors.after_claim(&snapshot, &reports);
         }

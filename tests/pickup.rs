@@ -1,0 +1,383 @@
+//! Pickup after commit, whatever path made a job pending: a job's transaction that
+//! commits late, a row locked while claims passed it, an enqueue that waited for its
+//! key's lock, an operator's retry inside a transaction. Each test runs a steady stream
+//! of jobs of the same kind, so that the runtime's claims (and their floors) move past
+//! the job while it cannot be seen or taken, and polls once an hour: the job must be
+//! found by the claims themselves, not by the probe behind the floors, which runs once
+//! at the start and then once per poll interval.
+//!
+//! Also: jobs start in priority order over a backlog, and a runtime of several kinds
+//! claims a busy kind's jobs as a one-kind runtime does.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{Running, runtime, wait_until};
+use jobs::{EnqueueBatch, EnqueueOptions, Job, JobContext, JobError};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+/// A job that records when it started (`started (n, at)`).
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.job", key = "key")]
+struct Work {
+    n: i64,
+    key: Option<String>,
+}
+
+#[jobs::handler]
+async fn work(job: Work, ctx: JobContext) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO started (n) VALUES ($1)")
+        .bind(job.n)
+        .execute(ctx.pool())
+        .await?;
+    Ok(())
+}
+
+/// Another kind, claimed by the same runtime.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.other")]
+struct Other {}
+
+#[jobs::handler]
+async fn other(_job: Other, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
+async fn setup(pool: &PgPool) {
+    sqlx::query(
+        "CREATE TABLE started (n bigint, at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// How many runs of job `n` started.
+async fn started(pool: &PgPool, n: i64) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM started WHERE n = $1")
+        .bind(n)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The runtime of these tests: polls (and probes behind its floors) once an hour.
+fn hourly(pool: &PgPool, kinds: &[&str]) -> Running {
+    Running::start(runtime(pool, kinds).poll_interval(Duration::from_secs(3600)))
+}
+
+/// Enqueues a job of `pk.job` every 5 ms (n from 1,000 on) until dropped.
+struct Stream(Arc<AtomicBool>);
+
+impl Stream {
+    fn start(pool: &PgPool) -> Stream {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut n = 1_000;
+            while !flag.load(Ordering::Relaxed) {
+                Work { n, key: None }.enqueue(&pool).await.unwrap();
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        Stream(stop)
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Lets the stream's claims move the floors well past what was enqueued until now.
+async fn let_claims_pass() {
+    tokio::time::sleep(Duration::from_millis(600)).await;
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_job_whose_transaction_commits_late_starts_at_its_commit(pool: PgPool) {
+    setup(&pool).await;
+    let rt = hourly(&pool, &["pk.job"]);
+    let stream = Stream::start(&pool);
+    let_claims_pass().await;
+    let mut tx = pool.begin().await.unwrap();
+    Work { n: 1, key: None }.enqueue(&mut *tx).await.unwrap();
+    let_claims_pass().await;
+    tx.commit().await.unwrap();
+    wait_until("the late job starts", || async {
+        started(&pool, 1).await == 1
+    })
+    .await;
+    drop(stream);
+    rt.stop().await;
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_job_locked_while_claims_passed_it_starts_when_released(pool: PgPool) {
+    setup(&pool).await;
+    // The backlog waits while its kind is paused; claims of another kind go on, so
+    // that the locker's transaction begins after claims the runtime has dated.
+    let rt = hourly(&pool, &["pk.job", "pk.other"]);
+    jobs::admin::pause(&pool, "pk.job").await.unwrap();
+    let mut batch = EnqueueBatch::new();
+    for n in 1..=100 {
+        batch.push(&Work { n, key: None }).unwrap();
+    }
+    let ids = batch.enqueue(&pool).await.unwrap();
+    for _ in 0..20 {
+        Other {}.enqueue(&pool).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut locker = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(ids[4].id)
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    jobs::admin::resume(&pool, "pk.job").await.unwrap();
+    let stream = Stream::start(&pool);
+    wait_until("the backlog but the locked job runs", || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM started WHERE n <= 100")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            == 99
+    })
+    .await;
+    let_claims_pass().await;
+    locker.rollback().await.unwrap();
+    wait_until("the released job starts", || async {
+        started(&pool, 5).await == 1
+    })
+    .await;
+    drop(stream);
+    rt.stop().await;
+}
+
+/// A keyed job scheduled an hour ahead; a transaction coalesces a trigger into it and
+/// holds its row; an enqueue of the same key (with `priority`) waits for that lock
+/// while claims pass, then coalesces too when the transaction commits.
+async fn enqueue_that_waited(pool: PgPool, priority: Option<i16>) {
+    setup(&pool).await;
+    let key = Some("k".to_owned());
+    Work {
+        n: 1,
+        key: key.clone(),
+    }
+    .enqueue_with(
+        &pool,
+        EnqueueOptions::new()
+            .delay(Duration::from_secs(3600))
+            .priority(5),
+    )
+    .await
+    .unwrap();
+    let rt = hourly(&pool, &["pk.job"]);
+    let stream = Stream::start(&pool);
+    let_claims_pass().await;
+    let mut tx = pool.begin().await.unwrap();
+    Work {
+        n: 1,
+        key: key.clone(),
+    }
+    .enqueue_with(
+        &mut *tx,
+        EnqueueOptions::new()
+            .delay(Duration::from_secs(3600))
+            .priority(5),
+    )
+    .await
+    .unwrap();
+    let waiter = {
+        let pool = pool.clone();
+        let options = match priority {
+            Some(p) => EnqueueOptions::new().priority(p),
+            None => EnqueueOptions::new().priority(5),
+        };
+        tokio::spawn(async move {
+            Work {
+                n: 2,
+                key: Some("k".to_owned()),
+            }
+            .enqueue_with(&pool, options)
+            .await
+            .unwrap()
+        })
+    };
+    let_claims_pass().await;
+    assert!(
+        !waiter.is_finished(),
+        "the enqueue waits for the key's lock"
+    );
+    tx.commit().await.unwrap();
+    assert!(
+        !waiter.await.unwrap().inserted(),
+        "coalesced into the key's job"
+    );
+    wait_until("the coalesced job starts", || async {
+        started(&pool, 2).await == 1
+    })
+    .await;
+    drop(stream);
+    rt.stop().await;
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn an_enqueue_that_waited_for_its_keys_lock_starts_when_it_commits(pool: PgPool) {
+    enqueue_that_waited(pool, None).await;
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn an_enqueue_that_waited_and_raised_the_priority_starts_when_it_commits(pool: PgPool) {
+    enqueue_that_waited(pool, Some(0)).await;
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn an_operator_retry_inside_a_transaction_starts_at_its_commit(pool: PgPool) {
+    setup(&pool).await;
+    let id = Work { n: 1, key: None }.enqueue(&pool).await.unwrap().id;
+    sqlx::query("UPDATE jobs SET state = 'failed', finished_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let rt = hourly(&pool, &["pk.job"]);
+    let stream = Stream::start(&pool);
+    let_claims_pass().await;
+    let mut tx = pool.begin().await.unwrap();
+    // Something else first: the transaction's start is older than its retry.
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    let_claims_pass().await;
+    jobs::admin::retry(&mut *tx, id).await.unwrap();
+    let_claims_pass().await;
+    tx.commit().await.unwrap();
+    wait_until("the retried job starts", || async {
+        started(&pool, 1).await == 1
+    })
+    .await;
+    drop(stream);
+    rt.stop().await;
+}
+
+/// A row left behind the floors where no claim could report it (here a raw insert with
+/// a run-after an hour old, as a claimer that died holding rows leaves them): the
+/// probe, which runs every poll interval, finds it.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_probe_finds_a_row_behind_the_floors(pool: PgPool) {
+    setup(&pool).await;
+    let rt = Running::start(runtime(&pool, &["pk.job"]).poll_interval(Duration::from_millis(200)));
+    let stream = Stream::start(&pool);
+    let_claims_pass().await;
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, run_after) \
+         VALUES ('pk.job', '{\"n\": 1, \"key\": null}', 3, now() - interval '1 hour')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    wait_until("the job behind the floors starts", || async {
+        started(&pool, 1).await == 1
+    })
+    .await;
+    drop(stream);
+    rt.stop().await;
+}
+
+// ---------------------------------------------------------------------------------
+// Priority order over a backlog.
+
+/// A job that records the order its runs started in (`order_seen (seq, priority)`).
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.ordered")]
+struct Ordered {
+    priority: i16,
+}
+
+#[jobs::handler]
+async fn ordered(job: Ordered, ctx: JobContext) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO order_seen (priority) VALUES ($1)")
+        .bind(job.priority)
+        .execute(ctx.pool())
+        .await?;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_runtime_started_over_a_backlog_runs_it_in_priority_order(pool: PgPool) {
+    sqlx::query("CREATE TABLE order_seen (seq bigserial, priority smallint)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for round in 0..10 {
+        let mut batch = EnqueueBatch::new();
+        for priority in [9, 9, 5, 5, 0, 0] {
+            batch
+                .push_with(
+                    &Ordered { priority },
+                    EnqueueOptions::new().priority(priority),
+                )
+                .unwrap();
+        }
+        batch.enqueue(&pool).await.unwrap();
+        let rt = Running::start(runtime(&pool, &["pk.ordered"]).concurrency(1));
+        wait_until("the backlog is done", || async {
+            common::live(&pool).await == 0
+        })
+        .await;
+        rt.stop().await;
+        let seen: Vec<i16> = sqlx::query_scalar("SELECT priority FROM order_seen ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(seen, [0, 0, 5, 5, 9, 9], "round {round}");
+        sqlx::query("TRUNCATE order_seen")
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Several kinds.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.wide")]
+struct Wide {
+    n: u32,
+}
+
+#[jobs::handler]
+async fn wide(_job: Wide, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
+/// A claim over two kinds, one of them idle, takes up to 1,000 of the busy one, as a
+/// one-kind claim does, and is read as full: the runtime claims again at once instead
+/// of waiting for the poll (an hour here), as it did when it read "fewer than asked
+/// over all kinds" as an empty queue.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_runtime_of_several_kinds_claims_a_busy_kind_without_waiting_for_the_poll(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for n in 0..10_000 {
+        batch.push(&Wide { n }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let rt = Running::start(
+        runtime(&pool, &["pk.wide", "pk.other"])
+            .concurrency(2_500)
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    wait_until("all 10,000 jobs done without a poll", || async {
+        common::live(&pool).await == 0
+    })
+    .await;
+    rt.stop().await;
+}
