@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the protocol model (model/jobs.pml) with SPIN, exhaustively.
 #
-# The model itself must verify: the safety runs (assertions P1, P3-P6, invalid end
+# The model itself must verify: the safety runs (assertions P1, P3-P7, invalid end
 # states) and the liveness runs (LTL p2 under weak fairness) find no error. Each
 # mutation (one defect of the old protocol put back) must make SPIN find an error.
 # Prints one line per run and a last line `model: N passed, M failed`; exits 1 when a
@@ -110,6 +110,9 @@ run mut-tx-lease-lost-commits  bfs  error -DMUT_TX_LEASE_LOST_COMMITS -DMAXFAULT
 run mut-fence-drop-completes   live error -DMUT_FENCE_DROP_COMPLETES
 run mut-coalesce-keeps-attempts bfs error -DMUT_COALESCE_KEEPS_ATTEMPTS
 run mut-batch-unordered        bfs  error -DBATCH -DMUT_BATCH_UNORDERED
+run mut-floor-passes-writers   bfs  error -DMUT_FLOOR_PASSES_WRITERS
+run mut-floor-passes-locked    bfs  error -DMUT_FLOOR_PASSES_LOCKED
+run mut-rerun-keeps-run-after  bfs  error -DMUT_RERUN_KEEPS_RUN_AFTER
 
 echo "model: $passed passed, $failed failed"
 if [ "$failed" -ne 0 ]; then

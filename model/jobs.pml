@@ -8,13 +8,28 @@
  *
  * The lists below are read by tests/model.rs, which compares them with the
  * statements the crate declares (`jobs::__private::statements()`): a statement added
- * to the code must be added to one of these lists. CLAIM_FROM and CLAIM_SPLIT_FROM are
- * CLAIM and CLAIM_SPLIT over part of the kind's range: on the one row here they either
- * act as CLAIM or find nothing, which is the step not taken; the runtime makes a full
- * CLAIM at least once per poll interval, the fairness p2 relies on.
+ * to the code must be added to one of these lists.
+ *
+ * Floors. Each runtime starts each claim's scan of a (kind, priority) range at a
+ * floor, and after the claim moves the floor up to the latest run-after it took (less a
+ * lag), unless the claim's own report holds it back: (a) `held_back`, the scan passed a
+ * visible pending row that another transaction held locked; (b) `writers` (and
+ * `waiting`), a transaction in progress at the claim's snapshot that writes or locks
+ * rows of `jobs` may commit a pending row the claim could not see, so the floor stays
+ * below the time it wrote. And (c) every statement that makes a row pending gives it a
+ * run-after no earlier than its own start, which no floor has passed. Here a floor is
+ * kept relative to each row: `fl` (a bit per runtime and row slot) says that the
+ * runtime's floor has passed the row's run-after (for a running row with a re-run mark,
+ * the mark's rerun_after), `fn` the same for the run-after of the application's
+ * uncommitted statement. A CLAIM never takes a row behind its floor (the step not
+ * taken). A claim that takes none of the modelled rows (it takes other rows, of other
+ * keys, later in claim order, which are not modelled) moves its floor past a row only
+ * where (a) and (b) allow it. P7 (a committed, due, unlocked job is taken by the next
+ * claim of a runtime with a free slot) and p2 rely on (a)-(c) and on nothing else: the
+ * probe (FLOOR_PROBE) is a step that may run or not.
  */
 
-/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT CLAIM_FROM CLAIM_SPLIT_FROM RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
+/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT FLOOR_PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
 /* statements read-only, not modelled: HISTORY LAST_CHECKPOINT DB_NOW THROUGHPUT PAUSED_KINDS PAUSED RUNTIMES NEXT_DUE LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
 /* statements writing outside the modelled rows, not modelled: ENQUEUE_ONE_UNKEYED ENQUEUE_UNKEYED ARM_PERIODIC PRUNE_BATCH PRUNE_CANCELLED_BATCH THROUGHPUT_ADD THROUGHPUT_PRUNE PAUSE RESUME RUNTIME_SEEN RUNTIME_GONE RUNTIMES_STALE */
 /* statements writing only a column the protocol never reads, fenced, not modelled: CHECKPOINT */
@@ -31,6 +46,7 @@
  * Mutations, each one defect of the old protocol put back:
  *   MUT_FLIGHT_DROPPED  MUT_TX_CLAIM_IN_TX  MUT_TX_LEASE_LOST_COMMITS
  *   MUT_FENCE_DROP_COMPLETES  MUT_COALESCE_KEEPS_ATTEMPTS  MUT_BATCH_UNORDERED
+ *   MUT_FLOOR_PASSES_WRITERS  MUT_FLOOR_PASSES_LOCKED  MUT_RERUN_KEEPS_RUN_AFTER
  */
 
 #ifdef BATCH
@@ -141,11 +157,27 @@ bit appdone;
 byte faults;
 byte snoozes;
 
+/* floors, relative to the rows: bit r * NR + i of `fl`, runtime r's floor has passed
+   the run-after of row i (of a running row with a re-run mark: its rerun_after, the
+   run-after it would be pending at if it kept it); bit r of `fn`, runtime r's floor has
+   passed the run-after that the application's uncommitted statement wrote */
+byte fl;
+byte fn;
+bit ad;                 /* that statement's delay: its run_after = now() + ad */
+
+#define FB(r, i)        (1 << ((r) * NR + (i)))
+#define behind(r, i)    ((fl & FB(r, i)) != 0)
+#define rowfl(i)        (FB(0, i) | FB(1, i))
+/* the row's run-after is new (c): no floor has passed it */
+#define fresh_ra(i)     fl = fl & ~rowfl(i)
+
 #define BIT(g)          (1 << (g))
 #define current(r, i)   (row[i].tok == (r) + 1 && row[i].ls > 0)
 #define live(i)         (row[i].st == PENDING || row[i].st == RUNNING)
 #define claimable(i)    (row[i].st == PENDING && row[i].ra == 0 && row[i].lock == 0)
 #define rescuable(i)    (row[i].st == RUNNING && row[i].ls == 0 && row[i].lock == 0)
+/* runtime r's claim may take row i: claimable, and not behind its floor */
+#define takes(r, i)     (claimable(i) && !behind(r, i))
 
 /* the phases in which the heartbeat renews the claim: from the claim until its
    outcome is written */
@@ -157,13 +189,20 @@ byte snoozes;
 
 inline clear_row(i) {
     row[i].st = FREE; row[i].att = 0; row[i].gen = 0; row[i].ra = 0; row[i].rr = 0; row[i].rd = 0;
-    row[i].tok = 0; row[i].ls = 0; row[i].lock = 0; row[i].gc = 0
+    row[i].tok = 0; row[i].ls = 0; row[i].lock = 0; row[i].gc = 0; fresh_ra(i)
 }
 /* pending again for the trigger that marked the row while it ran: run_after =
-   rerun_after (never before now), fresh attempts */
+   greatest(rerun_after, the statement's start), fresh attempts. The mark dates from the
+   application's enqueue, which the floors may have passed since; the new run-after is
+   no earlier than this statement (c) */
 inline rerun(i) {
     row[i].st = PENDING; row[i].ra = row[i].rd; row[i].rr = 0; row[i].rd = 0;
-    row[i].tok = 0; row[i].ls = 0; fresh(i)
+    row[i].tok = 0; row[i].ls = 0; fresh(i);
+#ifndef MUT_RERUN_KEEPS_RUN_AFTER
+    fresh_ra(i)
+#else
+    skip                                        /* run_after = rerun_after, as marked */
+#endif
 }
 inline clear_slot(r) {
     ph[r] = IDLE; sr[r] = 0; sg[r] = 0; pr[r] = 0; dr[r] = 0
@@ -177,19 +216,19 @@ inline to_failed(i, perm) {
     assert(perm || row[i].gc >= MAXATT);
     row[i].st = FAILED; fate = fate | BIT(row[i].gen); failedg = failedg | BIT(row[i].gen);
     row[i].att = 0; row[i].gc = 0; row[i].ra = 0; row[i].rr = 0; row[i].rd = 0;
-    row[i].tok = 0; row[i].ls = 0
+    row[i].tok = 0; row[i].ls = 0; fresh_ra(i)
 }
 
 /* ---------------------------------- statements ---------------------------------- */
 
-/* CLAIM: a pending, due row not locked by another transaction (SKIP LOCKED) becomes
-   running under a fresh token, its attempt counted; committed at once. CLAIM_SPLIT, the
-   claim over several kinds whose limits add up to more than it takes, is the same step
-   here: the model has one kind */
+/* CLAIM: a pending, due row not locked by another transaction (SKIP LOCKED), at or
+   past the runtime's floor, becomes running under a fresh token, its attempt counted;
+   committed at once. CLAIM_SPLIT, the claim over several kinds whose limits add up to
+   more than it takes, is the same step here: the model has one kind */
 inline CLAIM(r, i) {
     assert(row[i].gc < MAXATT);                 /* P5: at most max_attempts claims */
     assert((ok & BIT(row[i].gen)) == 0);        /* P6: a succeeded run is not run again */
-    row[i].st = RUNNING; row[i].att++; row[i].gc++; row[i].tok = r + 1;
+    row[i].st = RUNNING; row[i].att++; row[i].gc++; row[i].tok = r + 1; fresh_ra(i);
 #ifdef OLDTX
     row[i].ls = INF; row[i].lock = r + 1;       /* the row lock is the lease */
 #else
@@ -233,7 +272,8 @@ inline FAIL(i, perm) {
         :: else ->
             if
             :: row[i].att >= MAXATT -> to_failed(i, 0)
-            :: else -> row[i].st = PENDING; row[i].ra = 1; row[i].tok = 0; row[i].ls = 0
+            :: else -> row[i].st = PENDING; row[i].ra = 1; row[i].tok = 0; row[i].ls = 0;
+                fresh_ra(i)                     /* now() plus a backoff */
             fi
         fi
     fi
@@ -247,7 +287,7 @@ inline RELEASE(i) {
     :: row[i].rr -> row[i].ra = row[i].rd
     :: else -> row[i].ra = 1
     fi;
-    row[i].rr = 0; row[i].rd = 0; row[i].tok = 0; row[i].ls = 0
+    row[i].rr = 0; row[i].rd = 0; row[i].tok = 0; row[i].ls = 0; fresh_ra(i)   /* never before now() */
 }
 
 /* RESCUE: an expired claim, re-checked on the locked version */
@@ -257,7 +297,7 @@ inline RESCUE(i) {
     :: else ->
         if
         :: row[i].att < MAXATT ->
-            row[i].st = PENDING; row[i].ra = 0; row[i].tok = 0; row[i].ls = 0
+            row[i].st = PENDING; row[i].ra = 0; row[i].tok = 0; row[i].ls = 0; fresh_ra(i)
         :: else -> to_failed(i, 0)
         fi
     fi
@@ -284,6 +324,38 @@ inline write_fail(r, perm) {
     clear_slot(r)
 }
 
+/* ------------------------------------- floors ------------------------------------- */
+
+/* P7: a claim of a runtime with a free slot takes a committed, due job that no other
+   transaction holds locked: no floor of that runtime has passed it */
+#define skips(r)        ((claimable(0) && behind(r, 0)) || (claimable(1) && behind(r, 1)))
+
+/* What a claim that takes none of the modelled rows (it takes rows of other keys, later
+   in claim order) may move its floor past, by its report:
+   - a row the application's transaction wrote and has not committed (inserted,
+     coalesced, or a re-run mark), once its run-after is due: never, its transaction is
+     one of the claim's writers (b), and the floor stays below the time it wrote;
+   - a pending, due row locked by another transaction (the application's, with or
+     without a write to it): never, the scan skipped it and `held_back` keeps the floor
+     at it (a);
+   - the re-run mark of a running row, once its rerun_after is due: yes, nothing is
+     pending there; when the row is made pending again its run-after is new (c).
+   A claim that moves no floor past a modelled row changes nothing here, and is left
+   out. Such claims are made for a runtime's other slots too (not modelled), so they
+   may run in any phase. */
+#define app_row         (row[0].lock == APP || row[1].lock == APP)
+#ifdef MUT_FLOOR_PASSES_WRITERS
+#define passes_new(r)   (app_row && ad == 0 && (fn & BIT(r)) == 0)
+#else
+#define passes_new(r)   false
+#endif
+#ifdef MUT_FLOOR_PASSES_LOCKED
+#define passes_locked(r, i) (row[i].st == PENDING && row[i].ra == 0 && row[i].lock != 0 && !behind(r, i))
+#else
+#define passes_locked(r, i) false
+#endif
+#define passes_mark(r, i) (row[i].st == RUNNING && row[i].rr && row[i].rd == 0 && !behind(r, i))
+
 /* ------------------------------------ actors ------------------------------------ */
 
 /* a runtime's producer, handler and completer, over its one claim slot */
@@ -291,9 +363,17 @@ proctype Worker(byte r)
 {
 end:
     do
-    /* producer */
-    :: d_step { ph[r] == IDLE && claimable(0) -> CLAIM(r, 0) }
-    :: d_step { ph[r] == IDLE && claimable(1) -> CLAIM(r, 1) }
+    /* producer: a claim with the runtime's slot free, from its floors */
+    :: d_step { ph[r] == IDLE && (claimable(0) || claimable(1)) ->
+            assert(!skips(r));                  /* P7 */
+            if
+            :: takes(r, 0) -> CLAIM(r, 0)
+            :: else -> CLAIM(r, 1)
+            fi }
+    /* a claim of other rows moves the runtime's floor past a modelled row */
+    :: d_step { passes_mark(r, 0) || passes_locked(r, 0) -> fl = fl | FB(r, 0) }
+    :: d_step { passes_mark(r, 1) || passes_locked(r, 1) -> fl = fl | FB(r, 1) }
+    :: d_step { passes_new(r) -> fn = fn | BIT(r) }
 
 #ifdef OLDTX
 #ifndef POISON
@@ -407,12 +487,17 @@ end:
     od
 }
 
-/* the runtimes' rescuers and their retention of failed rows (stateless: one process
-   stands for both runtimes) */
+/* the runtimes' rescuers, their retention of failed rows and their probes behind the
+   floors (stateless: one process stands for both runtimes) */
 active proctype Rescuer()
 {
 end:
     do
+    /* FLOOR_PROBE (read-only): a pending, due row behind runtime r's floor; the runtime
+       lowers the floor to it. It runs at least once per poll interval, but P7 must
+       hold without it: here it may run or not */
+    :: d_step { row[0].st == PENDING && row[0].ra == 0 && (fl & rowfl(0)) != 0 -> fresh_ra(0) }
+    :: d_step { row[1].st == PENDING && row[1].ra == 0 && (fl & rowfl(1)) != 0 -> fresh_ra(1) }
     :: d_step { rescuable(0) -> RESCUE(0) }
     :: d_step { rescuable(1) -> RESCUE(1) }
     /* PRUNE_FAILED_BATCH: a failed row past its retention (any failed row: age is not
@@ -428,7 +513,6 @@ active proctype App()
 {
     byte g = 1;
     byte i;
-    bit d;              /* the trigger's delay: run_after = now() + d */
     do
     :: g > NT -> break
     :: else ->
@@ -445,36 +529,43 @@ active proctype App()
                 /* a bound of the model (two slots): the older failed row is forgotten */
                 i = 0; clear_row(0); row[0].st = INS; row[0].lock = APP
             fi;
+            /* the trigger's delay (ad, run_after = now() + ad): the run-after is new,
+               from this statement's start (or, coalescing into a pending row, from
+               after its lock wait), and no floor has passed it (c) */
             if
-            :: d = 0
-            :: d = 1
-            fi
+            :: ad = 0
+            :: ad = 1
+            fi;
+            fn = 0
         };
         /* COMMIT: the statement's changes become visible (nobody changed the locked
            row meanwhile), or ROLLBACK */
         if
         :: d_step {
             if
-            :: row[i].st == INS -> row[i].st = PENDING; row[i].ra = d; fresh(i)
+            :: row[i].st == INS -> row[i].st = PENDING; row[i].ra = ad; fresh(i)
             :: row[i].st == PENDING ->
-                row[i].ra = d; row[i].gc = 0;
+                row[i].ra = ad; row[i].gc = 0;
 #ifndef MUT_COALESCE_KEEPS_ATTEMPTS
                 row[i].att = 0
 #else
                 skip
 #endif
-            :: row[i].st == RUNNING -> row[i].rr = 1; row[i].rd = d
+            :: row[i].st == RUNNING -> row[i].rr = 1; row[i].rd = ad
             :: else -> assert(false)
             fi;
-            row[i].gen = g; row[i].lock = 0; last = g; g++ }
+            /* the floors that passed the statement's run-after while it was
+               uncommitted have passed the row's (or its mark's) */
+            fl = (fl & ~rowfl(i)) | ((fn & 1) * FB(0, i)) | ((fn >> 1) * FB(1, i));
+            row[i].gen = g; row[i].lock = 0; last = g; g++; ad = 0; fn = 0 }
         :: d_step {
             if
             :: row[i].st == INS -> clear_row(i)
             :: else -> row[i].lock = 0
             fi;
-            g++ }
+            g++; ad = 0; fn = 0 }
         fi;
-        i = 0; d = 0
+        i = 0
     od;
     appdone = 1
 }
@@ -489,9 +580,9 @@ end:
     /* RETRY: failed -> pending with fresh attempts, if the key has no live row (it
        waits for an uncommitted insert of the key, and then finds it live) */
     :: d_step { !retried && row[0].st == FAILED && !live(1) && row[1].st != INS ->
-            row[0].st = PENDING; row[0].ra = 0; fresh(0); retried = 1 }
+            row[0].st = PENDING; row[0].ra = 0; fresh(0); fresh_ra(0); retried = 1 }
     :: d_step { !retried && row[1].st == FAILED && !live(0) && row[0].st != INS ->
-            row[1].st = PENDING; row[1].ra = 0; fresh(1); retried = 1 }
+            row[1].st = PENDING; row[1].ra = 0; fresh(1); fresh_ra(1); retried = 1 }
 #ifndef POISON
     /* CANCEL: a pending or running row becomes `cancelled` (waits for its lock). A
        cancelled row is read by no statement of the protocol (no claim, renewal,
@@ -529,6 +620,8 @@ inline crash(r) {
     :: pr[r] -> ok = ok & ~BIT(sg[r])            /* its success was never written */
     :: else -> skip
     fi;
+    /* it starts again with no floors */
+    fl = fl & ~(FB(r, 0) | FB(r, 1)); fn = fn & ~BIT(r);
     clear_slot(r)
 }
 
