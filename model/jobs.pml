@@ -164,6 +164,7 @@ byte snoozes;
 byte fl;
 byte fn;
 bit ad;                 /* that statement's delay: its run_after = now() + ad */
+bit skipped;            /* ghost: a claim left a claimable row behind its floor (P7) */
 
 #define FB(r, i)        (1 << ((r) * NR + (i)))
 #define behind(r, i)    ((fl & FB(r, i)) != 0)
@@ -365,7 +366,7 @@ end:
     do
     /* producer: a claim with the runtime's slot free, from its floors */
     :: d_step { ph[r] == IDLE && (claimable(0) || claimable(1)) ->
-            assert(!skips(r));                  /* P7 */
+            skipped = skips(r); assert(!skipped);      /* P7 */
             if
             :: takes(r, 0) -> CLAIM(r, 0)
             :: else -> CLAIM(r, 1)
@@ -487,17 +488,21 @@ end:
     od
 }
 
+#define probed(r, i)    (row[i].st == PENDING && row[i].ra == 0 && behind(r, i))
+
 /* the runtimes' rescuers, their retention of failed rows and their probes behind the
    floors (stateless: one process stands for both runtimes) */
 active proctype Rescuer()
 {
 end:
     do
-    /* FLOOR_PROBE (read-only): a pending, due row behind runtime r's floor; the runtime
-       lowers the floor to it. It runs at least once per poll interval, but P7 must
-       hold without it: here it may run or not */
-    :: d_step { row[0].st == PENDING && row[0].ra == 0 && (fl & rowfl(0)) != 0 -> fresh_ra(0) }
-    :: d_step { row[1].st == PENDING && row[1].ra == 0 && (fl & rowfl(1)) != 0 -> fresh_ra(1) }
+    /* FLOOR_PROBE (read-only): a pending, due row behind a runtime's floor; that
+       runtime lowers its floor to it. It runs at least once per poll interval, but P7
+       must hold without it: here it may run or not */
+    :: d_step { probed(0, 0) -> fl = fl & ~FB(0, 0) }
+    :: d_step { probed(0, 1) -> fl = fl & ~FB(0, 1) }
+    :: d_step { probed(1, 0) -> fl = fl & ~FB(1, 0) }
+    :: d_step { probed(1, 1) -> fl = fl & ~FB(1, 1) }
     :: d_step { rescuable(0) -> RESCUE(0) }
     :: d_step { rescuable(1) -> RESCUE(1) }
     /* PRUNE_FAILED_BATCH: a failed row past its retention (any failed row: age is not
