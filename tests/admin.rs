@@ -68,6 +68,8 @@ async fn claim(pool: &PgPool, kind: &str, n: i32) -> Vec<i64> {
             .bind(n)
             .bind(vec![f64::NEG_INFINITY])
             .bind(uuid::Uuid::nil())
+            .bind(Vec::<i64>::new())
+            .bind(Vec::<f64>::new())
             .fetch_all(pool)
             .await
             .expect("claim");
@@ -361,6 +363,8 @@ async fn cancel_racing_a_claim_waits_and_cancels_the_claimed_job(pool: PgPool) {
             .bind(1_i32)
             .bind(vec![f64::NEG_INFINITY])
             .bind(uuid::Uuid::nil())
+            .bind(Vec::<i64>::new())
+            .bind(Vec::<f64>::new())
             .fetch_all(&mut *tx)
             .await
             .unwrap();

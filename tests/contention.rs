@@ -761,6 +761,8 @@ async fn claim_locks_only_what_it_takes(pool: PgPool) {
         .bind(10i32)
         .bind(vec![f64::NEG_INFINITY; 10])
         .bind(uuid::Uuid::nil())
+        .bind(Vec::<i64>::new())
+        .bind(Vec::<f64>::new())
         .fetch_all(&mut *claimer)
         .await
         .unwrap();

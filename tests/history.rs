@@ -149,6 +149,8 @@ async fn a_rescued_attempt_names_the_runtime_that_held_it(pool: PgPool) {
         .bind(1i32)
         .bind(vec![f64::NEG_INFINITY])
         .bind(dead)
+        .bind(Vec::<i64>::new())
+        .bind(Vec::<f64>::new())
         .fetch_all(&pool)
         .await
         .unwrap();

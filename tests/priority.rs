@@ -67,6 +67,8 @@ async fn claim(
         .bind(total)
         .bind(Vec::<f64>::new())
         .bind(uuid::Uuid::nil())
+        .bind(Vec::<i64>::new())
+        .bind(Vec::<f64>::new())
         .fetch_all(pool)
         .await
         .unwrap();

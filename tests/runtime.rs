@@ -1222,6 +1222,8 @@ async fn claim_plan(pool: &PgPool, statement: &str, floor: f64, mode: &str) -> s
     .bind(10i32)
     .bind(vec![floor])
     .bind(uuid::Uuid::nil())
+    .bind(Vec::<i64>::new())
+    .bind(Vec::<f64>::new())
     .fetch_one(&mut *tx)
     .await
     .unwrap();

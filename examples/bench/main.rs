@@ -1,7 +1,7 @@
 //! The project's benchmark: enqueue, drain, pickup latency, backlog and scale-out.
 //!
 //! ```sh
-//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w2 w3 w4 w5]
+//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w1m w2 w2k w3 w4 w5 w6 w7]
 //! cargo run --release --example bench -- horizon [--held 600] [--holder xid|readers]
 //! cargo run --release --example bench -- web [--rows 2000000] [--runs 9]
 //! cargo run --release --example bench -- failover [--rate 500] [--before 20] [--down 2] [--after 30]
@@ -26,6 +26,7 @@ use sqlx::{PgPool, Postgres};
 
 mod failover;
 mod horizon;
+mod late;
 mod web;
 
 /// A no-op job.
@@ -45,6 +46,119 @@ async fn noop(job: Noop, _ctx: JobContext) -> Result<(), JobError> {
     }
     DONE.fetch_add(1, Ordering::Relaxed);
     Ok(())
+}
+
+/// Kinds an application has besides the busy one: `bench.k0` to `bench.k9` (W2's "ten
+/// busy" spreads its jobs over them; otherwise idle) and forty more that stay idle. The
+/// default runtime claims every kind of the binary, as `jobs::run()` does.
+macro_rules! kinds {
+    ($($module:ident = $kind:literal),* $(,)?) => {
+        $(
+            mod $module {
+                use super::*;
+                #[derive(Job, Serialize, Deserialize)]
+                #[job(kind = $kind)]
+                pub struct Other {
+                    pub seq: u32,
+                }
+                #[jobs::handler]
+                async fn handle(_job: Other, _ctx: JobContext) -> Result<(), JobError> {
+                    DONE.fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                }
+            }
+        )*
+    };
+}
+
+kinds!(
+    k0 = "bench.k0",
+    k1 = "bench.k1",
+    k2 = "bench.k2",
+    k3 = "bench.k3",
+    k4 = "bench.k4",
+    k5 = "bench.k5",
+    k6 = "bench.k6",
+    k7 = "bench.k7",
+    k8 = "bench.k8",
+    k9 = "bench.k9",
+    i00 = "bench.i00",
+    i01 = "bench.i01",
+    i02 = "bench.i02",
+    i03 = "bench.i03",
+    i04 = "bench.i04",
+    i05 = "bench.i05",
+    i06 = "bench.i06",
+    i07 = "bench.i07",
+    i08 = "bench.i08",
+    i09 = "bench.i09",
+    i10 = "bench.i10",
+    i11 = "bench.i11",
+    i12 = "bench.i12",
+    i13 = "bench.i13",
+    i14 = "bench.i14",
+    i15 = "bench.i15",
+    i16 = "bench.i16",
+    i17 = "bench.i17",
+    i18 = "bench.i18",
+    i19 = "bench.i19",
+    i20 = "bench.i20",
+    i21 = "bench.i21",
+    i22 = "bench.i22",
+    i23 = "bench.i23",
+    i24 = "bench.i24",
+    i25 = "bench.i25",
+    i26 = "bench.i26",
+    i27 = "bench.i27",
+    i28 = "bench.i28",
+    i29 = "bench.i29",
+    i30 = "bench.i30",
+    i31 = "bench.i31",
+    i32 = "bench.i32",
+    i33 = "bench.i33",
+    i34 = "bench.i34",
+    i35 = "bench.i35",
+    i36 = "bench.i36",
+    i37 = "bench.i37",
+    i38 = "bench.i38",
+    i39 = "bench.i39",
+);
+
+/// Which kinds a benchmark's runtime claims.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Claims {
+    /// Every kind of the binary (the default, as `jobs::run()`).
+    All,
+    /// `bench.noop` and the first `n - 1` others (`bench.k1`.., then `bench.i00`..).
+    First(usize),
+}
+
+impl Claims {
+    /// The runtime of a benchmark, over `pool`.
+    fn runtime(self, pool: PgPool) -> Runtime {
+        let rt = Runtime::new(pool);
+        match self {
+            Claims::All => rt,
+            Claims::First(n) => {
+                let others = (1..10)
+                    .map(|k| format!("bench.k{k}"))
+                    .chain((0..40).map(|i| format!("bench.i{i:02}")));
+                rt.kinds(
+                    std::iter::once("bench.noop".to_owned())
+                        .chain(others)
+                        .take(n),
+                )
+            }
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            Claims::All => "every kind".to_owned(),
+            Claims::First(1) => "1 kind".to_owned(),
+            Claims::First(n) => format!("{n} kinds"),
+        }
+    }
 }
 
 /// A job whose handler records when it started (W6).
@@ -338,7 +452,7 @@ async fn w1m_call(conn: &mut sqlx::PgConnection, side: W1mSide, per: usize) {
 }
 
 /// Runs one runtime until `n` jobs are done and the table has no live job.
-async fn drain(pool: &PgPool, n: u32, concurrency: usize) -> (f64, f64) {
+async fn drain(pool: &PgPool, n: u32, concurrency: usize, claims: Claims) -> (f64, f64) {
     DONE.store(0, Ordering::SeqCst);
     let cpu = cpu_seconds();
     let watcher = pool.clone();
@@ -348,11 +462,9 @@ async fn drain(pool: &PgPool, n: u32, concurrency: usize) -> (f64, f64) {
         pool.clone()
     };
     let t = Instant::now();
-    let mut rt = Runtime::new(runtime_pool);
-    if std::env::var("JOBS_BENCH_ALL_KINDS").is_err() {
-        rt = rt.kinds(["bench.noop"]);
-    }
-    rt.concurrency(concurrency)
+    claims
+        .runtime(runtime_pool)
+        .concurrency(concurrency)
         .run_until(async move {
             while DONE.load(Ordering::Relaxed) < n as usize {
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -375,10 +487,12 @@ async fn drain(pool: &PgPool, n: u32, concurrency: usize) -> (f64, f64) {
 async fn wait_empty(pool: &PgPool) {
     loop {
         let live: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM jobs WHERE kind = 'bench.noop' AND state = 'running') \
-             OR coalesce((SELECT min(run_after) FROM jobs \
-                          WHERE kind = 'bench.noop' AND state = 'pending' AND priority = 0) <= now(), false)",
+            "SELECT EXISTS (SELECT 1 FROM jobs WHERE kind = ANY($1) AND state = 'running') \
+             OR EXISTS (SELECT 1 FROM unnest($1::text[]) AS k(kind) \
+                        WHERE (SELECT min(run_after) FROM jobs \
+                               WHERE kind = k.kind AND state = 'pending' AND priority = 0) <= now())",
         )
+        .bind(BUSY_KINDS)
         .fetch_one(pool)
         .await
         .unwrap();
@@ -389,7 +503,31 @@ async fn wait_empty(pool: &PgPool) {
     }
 }
 
-async fn w2(n: u32, runs: usize, backlog: bool, concurrencies: &[usize]) {
+/// The kinds a drain's jobs may be of.
+const BUSY_KINDS: &[&str] = &[
+    "bench.noop",
+    "bench.k0",
+    "bench.k1",
+    "bench.k2",
+    "bench.k3",
+    "bench.k4",
+    "bench.k5",
+    "bench.k6",
+    "bench.k7",
+    "bench.k8",
+    "bench.k9",
+];
+
+/// W2 (or W4, with `backlog`): `n` jobs drained by a runtime that claims `claims`; with
+/// `spread`, the jobs are spread over the ten kinds `bench.k0` to `bench.k9`.
+async fn w2(
+    n: u32,
+    runs: usize,
+    backlog: bool,
+    concurrencies: &[usize],
+    claims: Claims,
+    spread: bool,
+) {
     for &concurrency in concurrencies {
         let mut rates = Vec::new();
         let mut cpus = Vec::new();
@@ -398,16 +536,25 @@ async fn w2(n: u32, runs: usize, backlog: bool, concurrencies: &[usize]) {
             if backlog {
                 add_backlog(&pool).await;
             }
-            enqueue_bulk(&pool, n).await;
-            let (rate, cpu) = drain(&pool, n, concurrency).await;
+            if spread {
+                enqueue_spread(&pool, n).await;
+            } else {
+                enqueue_bulk(&pool, n).await;
+            }
+            let (rate, cpu) = drain(&pool, n, concurrency, claims).await;
             rates.push(rate);
             cpus.push(cpu);
             pool.close().await;
         }
-        let name = if backlog {
-            format!("W4 drain with 2M backlog, conc {concurrency}")
+        let what = if spread {
+            "ten busy kinds".to_owned()
         } else {
-            format!("W2 drain, concurrency {concurrency}")
+            claims.label()
+        };
+        let name = if backlog {
+            format!("W4 drain with 2M backlog, conc {concurrency}, {what}")
+        } else {
+            format!("W2 drain, concurrency {concurrency}, {what}")
         };
         report(
             &name,
@@ -415,6 +562,29 @@ async fn w2(n: u32, runs: usize, backlog: bool, concurrencies: &[usize]) {
             rates,
             &[("cpu_s", median(cpus)), ("peak_rss_mb", peak_rss_mb())],
         );
+    }
+}
+
+/// `n` jobs spread evenly over `bench.k0` to `bench.k9`, in batches of 1,000.
+async fn enqueue_spread(pool: &PgPool, n: u32) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+        let mut batch = EnqueueBatch::new();
+        for &seq in chunk {
+            match seq % 10 {
+                0 => batch.push(&k0::Other { seq }),
+                1 => batch.push(&k1::Other { seq }),
+                2 => batch.push(&k2::Other { seq }),
+                3 => batch.push(&k3::Other { seq }),
+                4 => batch.push(&k4::Other { seq }),
+                5 => batch.push(&k5::Other { seq }),
+                6 => batch.push(&k6::Other { seq }),
+                7 => batch.push(&k7::Other { seq }),
+                8 => batch.push(&k8::Other { seq }),
+                _ => batch.push(&k9::Other { seq }),
+            }
+            .unwrap();
+        }
+        batch.enqueue(pool).await.unwrap();
     }
 }
 
@@ -437,7 +607,7 @@ async fn add_backlog(pool: &PgPool) {
         .unwrap();
 }
 
-async fn w3(runs: usize) {
+async fn w3(runs: usize, claims: Claims) {
     let mut p50 = Vec::new();
     let mut p99 = Vec::new();
     let mut max = Vec::new();
@@ -456,8 +626,8 @@ async fn w3(runs: usize) {
         let stop = Arc::new(tokio::sync::Notify::new());
         let signal = stop.clone();
         let rt = tokio::spawn(async move {
-            Runtime::new(runtime_pool)
-                .kinds(["bench.noop"])
+            claims
+                .runtime(runtime_pool)
                 .run_until(async move { signal.notified().await })
                 .await
         });
@@ -486,9 +656,24 @@ async fn w3(runs: usize) {
         floor_p99.push(floor[floor.len() * 99 / 100]);
         pool.close().await;
     }
-    report("W3 pickup latency p50", "ms", p50, &[]);
-    report("W3 pickup latency p99", "ms", p99, &[]);
-    report("W3 pickup latency max", "ms", max, &[]);
+    report(
+        &format!("W3 pickup latency p50, {}", claims.label()),
+        "ms",
+        p50,
+        &[],
+    );
+    report(
+        &format!("W3 pickup latency p99, {}", claims.label()),
+        "ms",
+        p99,
+        &[],
+    );
+    report(
+        &format!("W3 pickup latency max, {}", claims.label()),
+        "ms",
+        max,
+        &[],
+    );
     report("W3 raw floor p50", "ms", floor_p50, &[]);
     report("W3 raw floor p99", "ms", floor_p99, &[]);
 }
@@ -574,7 +759,6 @@ async fn w6(runs: usize) {
         let signal = stop.clone();
         let rt = tokio::spawn(async move {
             Runtime::new(runtime_pool)
-                .kinds(["bench.timed"])
                 .run_until(async move { signal.notified().await })
                 .await
         });
@@ -647,12 +831,7 @@ async fn w5(n: u32, runs: usize) {
 /// A runtime process for W5, stopped by the parent.
 async fn child() {
     let pool = pool(12).await;
-    Runtime::new(pool)
-        .kinds(["bench.noop"])
-        .concurrency(100)
-        .run()
-        .await
-        .unwrap();
+    Runtime::new(pool).concurrency(100).run().await.unwrap();
 }
 
 #[tokio::main]
@@ -700,13 +879,31 @@ async fn main() {
         match w.as_str() {
             "w1" => w1(n, runs).await,
             // 500 shows what larger claims give (the ceiling's best batch).
-            "w2" => w2(n, runs, false, &[10, 100, 500]).await,
-            "w3" => w3(runs).await,
-            "w4" => w2(n, runs, true, &[10, 100]).await,
+            "w2" => w2(n, runs, false, &[10, 100, 500], Claims::All, false).await,
+            // The same drain by runtimes claiming 1, 2, 10 and 50 kinds (one with jobs),
+            // and with the jobs spread over ten kinds.
+            "w2k" => {
+                for claims in [
+                    Claims::First(1),
+                    Claims::First(2),
+                    Claims::First(10),
+                    Claims::First(50),
+                    Claims::All,
+                ] {
+                    w2(n, runs, false, &[10, 100], claims, false).await;
+                }
+                w2(n, runs, false, &[10, 100], Claims::All, true).await;
+            }
+            "w3" => {
+                w3(runs, Claims::All).await;
+                w3(runs, Claims::First(1)).await;
+            }
+            "w4" => w2(n, runs, true, &[10, 100], Claims::All, false).await,
+            "w7" => late::run(runs.max(20)).await,
             "w5" => w5(n, runs).await,
             "w6" => w6(runs).await,
             "w1m" => w1m(runs).await,
-            other => panic!("unknown workload {other}: expected w1..w5"),
+            other => panic!("unknown workload {other}: expected w1, w1m, w2, w2k, w3..w7"),
         }
     }
 }

@@ -197,20 +197,66 @@ SELECT coalesce((SELECT array_agg(id ORDER BY id) FROM plain), '{}'::bigint[]),
 "#
 );
 
+/// Whether another session holds a write or row lock on `jobs` in this database: a
+/// transaction that may yet make a job pending and commit (an enqueue inside the
+/// application's transaction, an operator's retry, a row locked while claims passed it).
+/// Such a commit sends no notification when the producer's enqueue skipped it (one per
+/// kind every few milliseconds), and a rollback that frees a locked row sends none: an
+/// idle runtime looks again within a few milliseconds while one is open (`producer`).
+/// Reads `pg_locks` (about 0.1 ms).
+macro_rules! writers {
+    () => {
+        "EXISTS (SELECT 1 FROM pg_locks l
+                WHERE l.locktype = 'relation' AND l.relation = 'jobs'::regclass
+                  AND l.database = (SELECT d.oid FROM pg_database d
+                                    WHERE d.datname = current_database())
+                  AND l.mode IN ('RowExclusiveLock', 'RowShareLock')
+                  AND l.pid <> pg_backend_pid())"
+    };
+}
+
 /// The start of the scan of kind `w` at priority `$p` in a claim: its floor, `$5[(kind's
 /// position - 1) * 10 + priority + 1]` in seconds since the epoch (none, or NULL, is the
 /// start of the range).
 macro_rules! floor_of {
     ($w:literal, $p:literal) => {
         concat!(
-            "coalesce(to_timestamp(",
+            "least(coalesce(to_timestamp(",
             $w,
             ".floors[(",
             $w,
             ".ord - 1) * 10 + ",
             $p,
-            " + 1]), '-infinity')"
+            " + 1]), '-infinity'), coalesce(to_timestamp(",
+            $w,
+            ".since), 'infinity'))"
         )
+    };
+}
+
+/// What both claims start with: the statement's snapshot, and `wanted`, one row per
+/// kind (`kind, n, lease_ms, ord`) with its floors and `since`.
+///
+/// `$7` and `$8` are the writers the runtime's earlier claims reported in progress
+/// (xids), each with the time its rows may date from, less the lag: when one of them
+/// has completed by this snapshot (`pg_visible_in_snapshot`), its rows are visible now,
+/// perhaps behind the floors, so every scan of this claim starts no later than the
+/// earliest such time (`since`), and the runtime lowers its floors to it.
+macro_rules! claim_head {
+    () => {
+        r#"
+WITH snap AS MATERIALIZED (
+    SELECT pg_current_snapshot() AS s, extract(epoch FROM now())::float8 AS at
+),
+ended AS MATERIALIZED (
+    SELECT min(e.since) AS since
+    FROM snap, unnest($7::bigint[], $8::float8[]) AS e(xid, since)
+    WHERE pg_visible_in_snapshot(e.xid::text::xid8, snap.s)
+),
+wanted AS (
+    SELECT w.*, $5::float8[] AS floors, (SELECT since FROM ended) AS since
+    FROM unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, n, lease_ms, ord)
+),"#
     };
 }
 
@@ -226,18 +272,20 @@ macro_rules! floor_of {
 /// claim of that range starts, so a row that was locked while claims passed it is
 /// claimed as soon as it is free. One more range scan of what the claim just read.
 ///
-/// `writers`: the oldest transaction (xid) that was in progress when this statement's
-/// snapshot was taken and either holds a write or row lock on `jobs` (it may commit a
-/// pending row this claim could not see) or has ended since (it may have done so).
-/// Every statement that makes a row pending sets a run-after no earlier than its own
-/// start, so such a row's run-after is at least the time that transaction wrote; the
-/// runtime maps the xid to a time through the snapshots' `xmax` of its earlier claims
-/// and keeps its floors below it (`runtime::floors`). A transaction that holds the
-/// vacuum horizon without touching `jobs` (an idle session, a report) is not a writer.
-/// And `waiting`: when the longest wait for a lock began among the statements on
-/// `jobs` (an enqueue waiting for its key's lock, say): such a statement has no xid
-/// yet, and its run-after dates from before the wait. `pg_locks` is read once per
-/// claim (about 0.1 ms); `waitstart` needs PostgreSQL 14.
+/// `writers`: the transactions (xids) in progress at this statement's snapshot that
+/// hold a write or row lock on `jobs` (each may commit a pending row this claim could
+/// not see), or that have ended since (each may have done so). Every statement that
+/// makes a row pending sets a run-after no earlier than its own start, so such a row's
+/// run-after is no earlier than the time its transaction got its xid, which the runtime
+/// dates by the `xmax` of its earlier claims' snapshots; the next claim after one of
+/// them completes starts its scans there (`$7`, `$8`, [`claim_head!`]). Floors are not
+/// held back while a writer runs, only looked behind once when it ends. A transaction
+/// that holds the vacuum horizon without touching `jobs` (an idle session, a report) is
+/// not a writer. And `waiting`: when the longest wait for a lock began among the
+/// statements on `jobs` (an enqueue waiting for its key's lock, say): such a statement
+/// has no xid yet, and its run-after dates from before the wait, so floors stay below
+/// that while it waits. `pg_locks` is read once per claim that takes rows (about
+/// 0.1 ms); `waitstart` needs PostgreSQL 14.
 macro_rules! claim_tail {
     () => {
         concat!(
@@ -263,9 +311,6 @@ passed AS MATERIALIZED (
     ) s
     WHERE s.seen > e.taken
 ),
-snap AS MATERIALIZED (
-    SELECT pg_current_snapshot() AS s, extract(epoch FROM now())::float8 AS at
-),
 locks AS MATERIALIZED (
     SELECT l.locktype, l.virtualtransaction, l.transactionid::text::bigint AS xid,
            l.granted, l.waitstart
@@ -273,11 +318,13 @@ locks AS MATERIALIZED (
     WHERE NOT l.granted
        OR l.locktype = 'transactionid'
        OR (l.locktype = 'relation' AND l.relation = 'jobs'::regclass
+           AND l.database = (SELECT d.oid FROM pg_database d
+                             WHERE d.datname = current_database())
            AND l.mode IN ('RowExclusiveLock', 'RowShareLock'))
 ),
 writers AS MATERIALIZED (
     SELECT sn.at, pg_snapshot_xmax(sn.s)::text::bigint AS xmax,
-           (SELECT min(x::text::bigint)
+           (SELECT coalesce(array_agg(x::text::bigint), '{}')
             FROM pg_snapshot_xip(sn.s) AS x
             WHERE NOT EXISTS (SELECT 1 FROM locks t
                               WHERE t.locktype = 'transactionid' AND t.granted
@@ -286,7 +333,7 @@ writers AS MATERIALIZED (
                             ON r.virtualtransaction = t.virtualtransaction
                           WHERE t.locktype = 'transactionid' AND t.granted
                             AND t.xid = x::text::bigint % 4294967296
-                            AND r.locktype = 'relation' AND r.granted)) AS oldest,
+                            AND r.locktype = 'relation' AND r.granted)) AS writers,
            (SELECT extract(epoch FROM min(coalesce(w.waitstart, now())))::float8
             FROM locks w
             WHERE NOT w.granted
@@ -313,7 +360,7 @@ SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.wait
        c.run_after, c.priority,
        (SELECT extract(epoch FROM p.first)::float8 FROM passed p
         WHERE p.kind = c.kind AND p.priority = c.priority) AS held_back,
-       wr.at, wr.xmax, wr.oldest, wr.waiting
+       wr.at, wr.xmax, wr.writers, wr.waiting, (SELECT since FROM ended) AS since
 FROM claimed c CROSS JOIN writers wr
 "#
         )
@@ -330,7 +377,8 @@ pub(crate) const CLAIM_MAX_PER_KIND: usize = 1_000;
 /// the other case. `$5` holds each kind's floors, ten per kind by priority in the order
 /// of `$1` (seconds since the epoch; a missing or NULL one is the start of the range):
 /// each (kind, priority) scan starts there ([`CLAIM_FLOOR_LAG`]). `$6` is the claiming
-/// runtime's id (`runtime_id`).
+/// runtime's id (`runtime_id`); `$7` and `$8` the writers earlier claims reported, with
+/// their times ([`claim_head!`]).
 ///
 /// Each kind's jobs are taken by priority (0 first, to 9), then `run_after, id`: for
 /// each kind, one range scan per priority, in priority order, until the kind's limit is
@@ -360,13 +408,11 @@ pub(crate) const CLAIM_MAX_PER_KIND: usize = 1_000;
 /// Returns, per job: its id, kind, attempt, max_attempts, token, payload, how long it
 /// waited past its run-after (database clock), the run-after and priority (the
 /// runtime's floors), `held_back` (see [`claim_tail!`]), and, the same on every row,
-/// the claim's `now()`, its snapshot's `xmax`, and the oldest writer in progress.
+/// the claim's `now()`, its snapshot's `xmax`, the writers in progress, the longest
+/// wait, and the `since` this claim applied ([`claim_head!`]).
 pub(crate) const CLAIM: &str = concat!(
+    claim_head!(),
     r#"
-WITH wanted AS (
-    SELECT w.*, $5::float8[] AS floors
-    FROM unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, n, lease_ms, ord)
-),
 picked AS MATERIALIZED (
     SELECT c.id, c.run_after, c.priority, c.ord
     FROM wanted w
@@ -408,17 +454,17 @@ picked AS MATERIALIZED (
 /// from 0.2 ms to 8 ms within a minute (BENCHMARKS.md, `horizon`).
 ///
 /// So a runtime starts each claim at a floor: the latest run-after it has claimed of
-/// the kind at that priority, less this lag, and never above what could still appear
-/// behind it. Every statement that makes a row pending sets a run-after no earlier than
-/// its own start (enqueue, FAIL, RELEASE, RESCUE, COMPLETE_KEEP, the operator's retry),
-/// so the rows behind a floor are claimed rows, except three kinds, each of which the
-/// claim itself reports ([`claim_tail!`]): a row whose transaction was still in progress
-/// (its writer holds the floors below the time it wrote, however late it commits), a
-/// row that was locked while the claim passed it (the floor stays at it), and a row
-/// whose statement ran longer than this lag before it wrote. A probe beside the claims
-/// ([`FLOOR_PROBE`]) finds what is left behind anyway (a claimer killed while it held
-/// rows, that last kind): at least every poll interval, and, while it is slow, no more
-/// than 0.1 % of the time.
+/// the kind at that priority, less this lag. Every statement that makes a row pending
+/// sets a run-after no earlier than its own start (enqueue, FAIL, RELEASE, RESCUE,
+/// COMPLETE_KEEP, the operator's retry), so the rows behind a floor are claimed rows,
+/// except three kinds, each of which the claims themselves report ([`claim_tail!`]): a
+/// row whose transaction was still in progress (when it ends, the next claim looks
+/// back to the time it began writing, however late it commits), a row that was locked
+/// while the claim passed it (the floor stays at it), and a row whose statement waited
+/// for a lock before it wrote (floors stay below the wait meanwhile). A probe beside
+/// the claims ([`FLOOR_PROBE`]) finds what is left behind anyway (a claimer killed while
+/// it held rows, a statement that ran longer than this lag before it wrote): at least
+/// every poll interval, and, while it is slow, no more than 0.1 % of the time.
 pub(crate) const CLAIM_FLOOR_LAG: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// [`CLAIM`] for kinds whose limits add up to more than `$4`: locking each kind's first
@@ -436,11 +482,8 @@ pub(crate) const CLAIM_FLOOR_LAG: std::time::Duration = std::time::Duration::fro
 /// Index: `jobs_claim`, two range scans per kind (the first one reads at most `$2[i]`
 /// entries and locks nothing). Otherwise as [`CLAIM`].
 pub(crate) const CLAIM_SPLIT: &str = concat!(
+    claim_head!(),
     r#"
-WITH wanted AS (
-    SELECT w.*, $5::float8[] AS floors
-    FROM unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, n, lease_ms, ord)
-),
 top AS MATERIALIZED (
     SELECT c.ord
     FROM wanted w
@@ -527,31 +570,36 @@ CROSS JOIN LATERAL (
 "#;
 /// How long until the next job of the kinds `$1` becomes due (seconds, on the database
 /// clock; NULL when none is scheduled): an idle runtime sleeps until then, so a retry, a
-/// snooze or a scheduled job starts on time rather than at the next poll.
+/// snooze or a scheduled job starts on time rather than at the next poll. And whether
+/// another transaction holds a write or row lock on `jobs` (`writers!`).
 ///
 /// `$2` is how long ago (seconds) the claim before it was sent, plus a margin: a job
 /// that became due in that window came after that claim's `now()`, so the claim could
 /// not take it, and the answer is negative (claim at once). A due job older than the
-/// window was the claim's to take; one it left (its row locked by another transaction,
-/// or below a claim's floor until the next full claim) is not counted, so the runtime
-/// does not spin on it: such a job is inside the window for the margin at most. The
-/// window is a duration measured by the runtime; every time it is compared with is the
-/// database's, and it decides only when the next claim runs.
+/// window was the claim's to take; one it left (its row locked by another transaction)
+/// is not counted, so the runtime does not spin on it: such a job is inside the window
+/// for the margin at most. The window is a duration measured by the runtime; every time
+/// it is compared with is the database's, and it decides only when the next claim runs.
 ///
 /// Index: `jobs_claim (kind, priority, run_after, id) WHERE state = 'pending'`, one
 /// probe per kind and priority at the first entry past the window's start.
-pub(crate) const NEXT_DUE: &str = r#"
-SELECT extract(epoch FROM min(n.run_after) - now())::float8
-FROM unnest($1::text[]) AS k(kind)
-CROSS JOIN generate_series(0, 9) AS p(priority)
-CROSS JOIN LATERAL (
-    SELECT run_after FROM jobs
-    WHERE state = 'pending' AND kind = k.kind AND priority = p.priority::smallint
-      AND run_after > now() - make_interval(secs => $2::float8)
-    ORDER BY run_after
-    LIMIT 1
-) n
-"#;
+pub(crate) const NEXT_DUE: &str = concat!(
+    r#"
+SELECT (SELECT extract(epoch FROM min(n.run_after) - now())::float8
+        FROM unnest($1::text[]) AS k(kind)
+        CROSS JOIN generate_series(0, 9) AS p(priority)
+        CROSS JOIN LATERAL (
+            SELECT run_after FROM jobs
+            WHERE state = 'pending' AND kind = k.kind AND priority = p.priority::smallint
+              AND run_after > now() - make_interval(secs => $2::float8)
+            ORDER BY run_after
+            LIMIT 1
+        ) n) AS due,
+       "#,
+    writers!(),
+    r#" AS writers
+"#
+);
 
 /// Renews the leases of the claims `($1[i], $2[i])` to `$3[i]` ms from now, for those
 /// still held. Returns, per claim token, whether it was renewed, whether it is still

@@ -5,25 +5,23 @@
 //! of the range, so that the dead entries of the jobs claimed before are not walked
 //! again (`sql::CLAIM_FLOOR_LAG` says why that matters under a held horizon). A floor
 //! may only pass run-afters no pending row can still have. After each claim it moves
-//! to the latest run-after taken, less the lag, unless the claim reports why not:
+//! to the latest run-after taken, less the lag, and each claim reports what that would
+//! miss:
 //!
 //! - `held_back`: the scan passed rows that another transaction held locked: the floor
 //!   stays at the first of them;
-//! - `oldest`: a transaction that was in progress at the claim's snapshot holds a write
-//!   or row lock on the table (or has ended since): it may commit a pending row the
+//! - `writers`: the transactions in progress at the claim's snapshot that hold a write
+//!   or row lock on the table (or have ended since): each may commit a pending row the
 //!   claim could not see, written no earlier than the time its xid was assigned. The
-//!   claims' snapshots (`xmax`, and the claim's `now()`) date the xid: it was assigned
-//!   after the latest earlier claim whose `xmax` it reaches, so every floor stays below
-//!   that claim's time.
-//!
+//!   claims' snapshots (`xmax`, and the claim's `now()`) date each xid: it was assigned
+//!   after the latest earlier claim whose `xmax` it reaches. The claims after pass them
+//!   back; the first one whose snapshot sees a writer completed starts every scan at
+//!   that writer's time (`since`), and the floors come down to it. A writer that runs
+//!   for minutes holds no floor back meanwhile: its rows cannot be seen until it ends;
 //! - `waiting`: a statement on the table waits for a lock (an enqueue waiting for its
-//!   key's lock): it has no xid yet, and its run-after dates from before the wait.
+//!   key's lock): it has no xid yet, and its run-after dates from before the wait, so
+//!   the floors stay below the wait's start while it lasts.
 //!
-//! The probe ([`sql::FLOOR_PROBE`]) runs beside the claims and lowers a floor to any
-//! claimable row found behind it: a claimer that died while it held rows, a statement
-//! that ran longer than the lag before it wrote. Under a held horizon it walks what the
-//! floors spare the claims, so it is spaced by its own duration.
-
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -49,13 +47,15 @@ pub(super) struct Report {
 }
 
 /// What every row of one claim reports alike: the claim's `now()` (seconds since the
-/// epoch), its snapshot's `xmax`, the oldest writer in progress at that snapshot, and
-/// when the longest wait for a lock among the statements on `jobs` began.
+/// epoch), its snapshot's `xmax`, the writers in progress at that snapshot, when the
+/// longest wait for a lock among the statements on `jobs` began, and the `since` the
+/// claim applied to its scans.
 pub(super) struct Snapshot {
     pub at: f64,
     pub xmax: i64,
-    pub oldest: Option<i64>,
+    pub writers: Vec<i64>,
     pub waiting: Option<f64>,
+    pub since: Option<f64>,
 }
 
 /// The floors of a runtime's kinds, and the state of the probe behind them.
@@ -65,6 +65,9 @@ pub(super) struct Floors {
     at: HashMap<(&'static str, i16), f64>,
     /// Earlier claims' `(xmax, now)`, oldest first.
     snapshots: VecDeque<(i64, f64)>,
+    /// The writers the last claim reported, each with the time its rows may date from,
+    /// less the lag.
+    writers: HashMap<i64, f64>,
     last_probe: Option<Instant>,
     probe_took: Duration,
 }
@@ -87,15 +90,37 @@ impl Floors {
         (0..=crate::MAX_PRIORITY).map(move |priority| self.at.get(&(kind, priority)).copied())
     }
 
+    /// The writers to pass to the next claim (xids, and their times).
+    pub(super) fn writers(&self) -> (Vec<i64>, Vec<f64>) {
+        self.writers.iter().map(|(x, t)| (*x, *t)).unzip()
+    }
+
     /// Moves the floors after a claim that took `rows`.
     pub(super) fn after_claim(&mut self, snapshot: &Snapshot, rows: &[Report]) {
-        // The oldest writer's time: before any run-after it may still commit.
-        let cap = snapshot
-            .oldest
-            .map_or(f64::INFINITY, |x| self.dated(x))
-            .min(snapshot.waiting.unwrap_or(f64::INFINITY));
-        self.keep_snapshot(snapshot);
         let lag = sql::CLAIM_FLOOR_LAG.as_secs_f64();
+        // The claim looked back to a completed writer's time: so do the floors.
+        if let Some(since) = snapshot.since {
+            for floor in self.at.values_mut() {
+                *floor = floor.min(since);
+            }
+        }
+        // Date the writers first seen, before this claim's own snapshot is kept.
+        let known = std::mem::take(&mut self.writers);
+        self.writers = snapshot
+            .writers
+            .iter()
+            .map(|x| {
+                (
+                    *x,
+                    known
+                        .get(x)
+                        .copied()
+                        .unwrap_or_else(|| self.dated(*x) - lag),
+                )
+            })
+            .collect();
+        self.keep_snapshot(snapshot);
+        let cap = snapshot.waiting.unwrap_or(f64::INFINITY);
         // Per range: the latest row taken, or the first row passed while locked (the
         // same on every row of that range).
         let mut reached: HashMap<(&'static str, i16), f64> = HashMap::new();
@@ -107,9 +132,8 @@ impl Floors {
                 .or_insert(to);
         }
         for (range, to) in reached {
-            // Every row the claim counted lies at or past the old floor, so this never
-            // passes a row it held back; and the old floor lies below every writer in
-            // progress then, or since (each one wrote after that claim's snapshot).
+            // The claim scanned this range from its floor: every row it counted lies at
+            // or past it, so this never passes a row it held back.
             let floor = self.at.entry(range).or_insert(f64::NEG_INFINITY);
             *floor = floor.max(to.min(cap) - lag);
         }
@@ -195,12 +219,13 @@ mod tests {
         }
     }
 
-    fn snap(at: f64, xmax: i64, oldest: Option<i64>) -> Snapshot {
+    fn snap(at: f64, xmax: i64, writers: &[i64], since: Option<f64>) -> Snapshot {
         Snapshot {
             at,
             xmax,
-            oldest,
+            writers: writers.to_vec(),
             waiting: None,
+            since,
         }
     }
 
@@ -211,10 +236,13 @@ mod tests {
     #[test]
     fn a_floor_follows_the_latest_row_taken_less_the_lag() {
         let mut f = Floors::default();
-        f.after_claim(&snap(10.0, 100, None), &[row(5.0, None), row(7.0, None)]);
+        f.after_claim(
+            &snap(10.0, 100, &[], None),
+            &[row(5.0, None), row(7.0, None)],
+        );
         assert!((floor(&f) - 6.9).abs() < 1e-9);
         // Never back down by itself.
-        f.after_claim(&snap(11.0, 101, None), &[row(6.0, None)]);
+        f.after_claim(&snap(11.0, 101, &[], None), &[row(6.0, None)]);
         assert!((floor(&f) - 6.9).abs() < 1e-9);
     }
 
@@ -222,32 +250,33 @@ mod tests {
     fn a_row_passed_while_locked_holds_the_floor() {
         let mut f = Floors::default();
         f.after_claim(
-            &snap(10.0, 100, None),
+            &snap(10.0, 100, &[], None),
             &[row(9.0, Some(2.0)), row(8.0, Some(2.0))],
         );
         assert!((floor(&f) - 1.9).abs() < 1e-9);
     }
 
     #[test]
-    fn a_writer_in_progress_holds_every_floor_below_its_start() {
+    fn a_writer_is_dated_by_earlier_snapshots_and_looked_back_to_when_it_ends() {
         let mut f = Floors::default();
-        f.after_claim(&snap(1.0, 100, None), &[row(0.5, None)]);
+        f.after_claim(&snap(1.0, 100, &[], None), &[row(0.5, None)]);
         // Xid 105 was assigned after the claim at 1.0 (xmax 100): its rows' run-afters
-        // may be as early as 1.0, however late it commits.
-        f.after_claim(&snap(2.0, 110, Some(105)), &[row(1.5, None)]);
-        assert!((floor(&f) - 0.9).abs() < 1e-9, "{}", floor(&f));
-        f.after_claim(&snap(3.0, 120, Some(105)), &[row(2.9, None)]);
-        assert!((floor(&f) - 0.9).abs() < 1e-9, "{}", floor(&f));
-        // Gone: the floor follows the rows again.
-        f.after_claim(&snap(4.0, 130, None), &[row(3.9, None)]);
-        assert!((floor(&f) - 3.8).abs() < 1e-9, "{}", floor(&f));
+        // may be as early as 1.0, however late it commits. The floors go on meanwhile.
+        f.after_claim(&snap(2.0, 110, &[105], None), &[row(1.5, None)]);
+        assert!((floor(&f) - 1.4).abs() < 1e-9, "{}", floor(&f));
+        assert_eq!(f.writers(), (vec![105], vec![0.9]));
+        // The claim that saw it completed looked back to 0.9: so do the floors, and
+        // the rows it took move them up again.
+        f.after_claim(&snap(3.0, 120, &[], Some(0.9)), &[row(1.2, None)]);
+        assert!((floor(&f) - 1.1).abs() < 1e-9, "{}", floor(&f));
+        assert_eq!(f.writers(), (vec![], vec![]));
     }
 
     #[test]
     fn a_writer_older_than_every_snapshot_kept_is_dated_to_the_start() {
         let mut f = Floors::default();
-        f.after_claim(&snap(1.0, 100, Some(50)), &[row(0.5, None)]);
-        assert_eq!(floor(&f), f64::NEG_INFINITY);
+        f.after_claim(&snap(1.0, 100, &[50], None), &[row(0.5, None)]);
+        assert_eq!(f.writers().1, vec![f64::NEG_INFINITY]);
     }
 
     #[test]
@@ -255,7 +284,10 @@ mod tests {
         let mut f = Floors::default();
         for i in 0..10 {
             // A claim every 6 ms: every other one is kept.
-            f.after_claim(&snap(f64::from(i) * 0.006, 100 + i64::from(i), None), &[]);
+            f.after_claim(
+                &snap(f64::from(i) * 0.006, 100 + i64::from(i), &[], None),
+                &[],
+            );
         }
         assert_eq!(f.snapshots.len(), 5);
         assert_eq!(f.dated(99), f64::NEG_INFINITY);

@@ -13,7 +13,9 @@
 //!    ([`sql::NEXT_DUE`]), then sleep until that moment, a notification (an enqueue
 //!    somewhere, `listener`), the poll interval, or the probe's answer; and just after a
 //!    notification, claim once more a moment later, since producers send one
-//!    notification per kind every few milliseconds.
+//!    notification per kind every few milliseconds. While another transaction holds a
+//!    write or row lock on the job table, sleep `WRITERS_POLL` at most: it may commit a
+//!    job (or free a locked one) without a notification.
 //! 3. **Gather**: work is waiting but some capacity is taken: give running handlers a
 //!    moment (`BATCH_WINDOW`) to free more, so that the claim fetches a batch instead of
 //!    a job or two.
@@ -78,6 +80,13 @@ const AHEAD_FOR: Duration = Duration::from_millis(50);
 /// 500 ahead, claims of 250 drained W2 about a tenth slower (BENCHMARKS.md).
 const MAX_AHEAD: usize = 1_000;
 
+/// How soon an idle runtime looks again while another transaction holds a write or
+/// row lock on the job table (`sql::NEXT_DUE`'s `writers`): it may commit a job without
+/// a notification (producers send one per kind every few milliseconds, and a rollback
+/// that frees a locked row sends none). Its pickup then waits this long at most, as a
+/// notified one waits for its claim.
+const WRITERS_POLL: Duration = Duration::from_millis(10);
+
 /// How often the rates behind the claim-ahead are measured.
 const RATE_EVERY: Duration = Duration::from_millis(100);
 
@@ -96,8 +105,9 @@ struct ClaimRow {
     held_back: Option<f64>,
     at: Option<f64>,
     xmax: Option<i64>,
-    oldest: Option<i64>,
+    writers: Option<Vec<i64>>,
     waiting: Option<f64>,
+    since: Option<f64>,
 }
 
 /// The running executors. Owned by the runtime, not by the producer: if the producer
@@ -246,7 +256,12 @@ impl Producer {
     /// right after a wake-up, until a moment later at most.
     async fn idle(&mut self, per_kind: &[(&'static HandlerInfo, usize)]) {
         let window = self.claim_sent.elapsed() + NEXT_DUE_MARGIN;
-        let due = next_due(&self.shared, &mut self.conn, per_kind, window).await;
+        let (due, writers) = next_due(&self.shared, &mut self.conn, per_kind, window).await;
+        let due = if writers {
+            Some(due.map_or(WRITERS_POLL, |d| d.min(WRITERS_POLL)))
+        } else {
+            due
+        };
         self.more = true;
         if due == Some(Duration::ZERO) {
             // A job became due after the last claim looked: claim it now.
@@ -315,9 +330,16 @@ impl Producer {
 
     /// Moves the floors and starts the claimed rows, in claim order.
     async fn start_all(&mut self, mut rows: Vec<ClaimRow>) {
-        if let Some(first) = rows.first()
+        if let Some(first) = rows.first_mut()
             && let (Some(at), Some(xmax)) = (first.at, first.xmax)
         {
+            let snapshot = Snapshot {
+                at,
+                xmax,
+                writers: first.writers.take().unwrap_or_default(),
+                waiting: first.waiting,
+                since: first.since,
+            };
             let reports: Vec<Report> = rows
                 .iter()
                 .filter_map(|r| {
@@ -330,12 +352,6 @@ impl Producer {
                     })
                 })
                 .collect();
-            let snapshot = Snapshot {
-                at,
-                xmax,
-                oldest: first.oldest,
-                waiting: first.waiting,
-            };
             self.floors.after_claim(&snapshot, &reports);
         }
         // The update returns its rows in id order; they start in the claim's.
@@ -532,14 +548,15 @@ impl Rates {
 }
 
 /// How long until the next job of the kinds with free capacity becomes due, on the
-/// database clock; `None` if none is scheduled or the database does not answer (then
-/// the poll covers it).
+/// database clock (`None` if none is scheduled or the database does not answer: then
+/// the poll covers it), and whether another transaction holds a write or row lock on
+/// the job table.
 async fn next_due(
     shared: &Shared,
     conn: &mut Option<PoolConnection<Postgres>>,
     per_kind: &[(&'static HandlerInfo, usize)],
     window: Duration,
-) -> Option<Duration> {
+) -> (Option<Duration>, bool) {
     let kinds: Vec<&str> = per_kind
         .iter()
         .filter(|(_, free)| *free > 0)
@@ -552,7 +569,7 @@ async fn next_due(
         };
         crate::pooler::alone!(
             &mut **c,
-            crate::pooler::query_scalar::<_, Option<f64>>(sql::NEXT_DUE)
+            crate::pooler::query_as::<_, (Option<f64>, bool)>(sql::NEXT_DUE)
                 .bind(&kinds)
                 .bind(window.as_secs_f64()),
             fetch_one
@@ -560,11 +577,14 @@ async fn next_due(
         .await
     };
     match super::answer_within(shared.answer_within, "the next due time", query).await {
-        Ok(seconds) => seconds.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0))),
+        Ok((seconds, writers)) => (
+            seconds.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0))),
+            writers,
+        ),
         Err(e) => {
             *conn = None;
             tracing::debug!(error = %crate::error::server_message(&e), "cannot read when the next job is due; polling");
-            None
+            (None, false)
         }
     }
 }
@@ -596,6 +616,7 @@ struct Ask {
     limits: Vec<i32>,
     leases: Vec<i64>,
     floors: Vec<f64>,
+    writers: (Vec<i64>, Vec<f64>),
     want: usize,
     statement: &'static str,
 }
@@ -613,6 +634,7 @@ impl Ask {
             limits: Vec::new(),
             leases: Vec::new(),
             floors: Vec::new(),
+            writers: floors.writers(),
             want: 0,
             statement: "",
         };
@@ -670,7 +692,9 @@ impl Ask {
                 .bind(&self.leases)
                 .bind(i32::try_from(self.want).unwrap_or(i32::MAX))
                 .bind(&self.floors)
-                .bind(shared.runtime_id),
+                .bind(shared.runtime_id)
+                .bind(&self.writers.0)
+                .bind(&self.writers.1),
             fetch_all
         )
         .await
