@@ -102,6 +102,10 @@ run p5-poison-transaction live   ok -DPOISON -DTXMODE
 run safety-3-triggers-hb  safety ok -DNT=3
 run safety-3-triggers-tx  safety ok -DNT=3 -DTXMODE
 run batch-ordered         safety ok -DBATCH
+# Writers honoured by a look-back when they end, instead of floors held below them.
+run safety-lookback-hb    safety ok -DLOOKBACK
+run safety-lookback-tx    safety ok -DLOOKBACK -DTXMODE
+run p2-lookback-hb        live   ok -DLOOKBACK
 
 # The mutations: each must be caught.
 run mut-flight-dropped         bfs  error -DMUT_FLIGHT_DROPPED

@@ -24,9 +24,11 @@
  * uncommitted statement. A CLAIM never takes a row behind its floor (the step not
  * taken). A claim that takes none of the modelled rows (it takes other rows, of other
  * keys, later in claim order, which are not modelled) moves its floor past a row only
- * where (a) and (b) allow it. P7 (a committed, due, unlocked job is taken by the next
- * claim of a runtime with a free slot) and p2 rely on (a)-(c) and on nothing else: the
- * probe (FLOOR_PROBE) is a step that may run or not.
+ * where (a) and (b) allow it. With -DLOOKBACK, (b) is kept the other way: a floor may
+ * pass a writer in progress, and the runtime's next claim after the writer ends starts
+ * its scans at the time the writer began writing. P7 (a committed, due, unlocked job
+ * is taken by the next claim of a runtime with a free slot) and p2 rely on (a)-(c) and
+ * on nothing else: the probe (FLOOR_PROBE) is a step that may run or not.
  */
 
 /* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT FLOOR_PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
@@ -43,6 +45,8 @@
  *   BATCH       the two-key batch configuration (ENQUEUE_MANY lock order) instead
  *   MAXFAULT    crashes plus session cuts (default 2)
  *   NT          triggers the application sends (default 2)
+ *   LOOKBACK    (b) by a look-back: floors pass a writer in progress, and the next
+ *               claim after it ends looks behind them (default: floors held below it)
  * Mutations, each one defect of the old protocol put back:
  *   MUT_FLIGHT_DROPPED  MUT_TX_CLAIM_IN_TX  MUT_TX_LEASE_LOST_COMMITS
  *   MUT_FENCE_DROP_COMPLETES  MUT_COALESCE_KEEPS_ATTEMPTS  MUT_BATCH_UNORDERED
@@ -163,14 +167,19 @@ byte snoozes;
    passed the run-after that the application's uncommitted statement wrote */
 byte fl;
 byte fn;
+byte lb;                /* -DLOOKBACK: bits of `fl` that runtime r's next claim looks
+                           back behind, its writer having ended */
 bit ad;                 /* that statement's delay: its run_after = now() + ad */
 bit skipped;            /* ghost: a claim left a claimable row behind its floor (P7) */
 
 #define FB(r, i)        (1 << ((r) * NR + (i)))
 #define behind(r, i)    ((fl & FB(r, i)) != 0)
 #define rowfl(i)        (FB(0, i) | FB(1, i))
+#define rtfl(r)         (FB(r, 0) | FB(r, 1))
+/* the bits of row i for the runtimes whose floors passed the application's statement */
+#define fnfl(i)         (((fn & 1) * FB(0, i)) | ((fn >> 1) * FB(1, i)))
 /* the row's run-after is new (c): no floor has passed it */
-#define fresh_ra(i)     fl = fl & ~rowfl(i)
+#define fresh_ra(i)     fl = fl & ~rowfl(i); lb = lb & ~rowfl(i)
 
 #define BIT(g)          (1 << (g))
 #define current(r, i)   (row[i].tok == (r) + 1 && row[i].ls > 0)
@@ -345,10 +354,23 @@ inline write_fail(r, perm) {
    out. Such claims are made for a runtime's other slots too (not modelled), so they
    may run in any phase. */
 #define app_row         (row[0].lock == APP || row[1].lock == APP)
-#ifdef MUT_FLOOR_PASSES_WRITERS
+#if defined(MUT_FLOOR_PASSES_WRITERS) || defined(LOOKBACK)
 #define passes_new(r)   (app_row && ad == 0 && (fn & BIT(r)) == 0)
 #else
 #define passes_new(r)   false
+#endif
+/* -DLOOKBACK, the other way to honour (b): a claim may move its floor past the rows
+   of a writer in progress, which it reports; the runtime passes its writers to its next
+   claims, and the first one whose snapshot sees a writer ended starts its scans at the
+   time that writer began writing (`since`), and the runtime lowers its floors to it.
+   Every runtime whose floor passed the writer's run-after saw it in progress, so at the
+   writer's end each gets a look-back over the row (`lb`), taken by its next claim. */
+#if defined(LOOKBACK) && !defined(MUT_FLOOR_PASSES_WRITERS)
+#define ended(i)        lb = lb | fnfl(i)
+#define look_back(r)    fl = fl & ~(lb & rtfl(r)); lb = lb & ~rtfl(r)
+#else
+#define ended(i)        skip
+#define look_back(r)    skip
 #endif
 #ifdef MUT_FLOOR_PASSES_LOCKED
 #define passes_locked(r, i) (row[i].st == PENDING && row[i].ra == 0 && row[i].lock != 0 && !behind(r, i))
@@ -366,6 +388,7 @@ end:
     do
     /* producer: a claim with the runtime's slot free, from its floors */
     :: d_step { ph[r] == IDLE && (claimable(0) || claimable(1)) ->
+            look_back(r);
             skipped = skips(r); assert(!skipped);      /* P7 */
             if
             :: takes(r, 0) -> CLAIM(r, 0)
@@ -561,7 +584,7 @@ active proctype App()
             fi;
             /* the floors that passed the statement's run-after while it was
                uncommitted have passed the row's (or its mark's) */
-            fl = (fl & ~rowfl(i)) | ((fn & 1) * FB(0, i)) | ((fn >> 1) * FB(1, i));
+            fl = (fl & ~rowfl(i)) | fnfl(i); ended(i);
             row[i].gen = g; row[i].lock = 0; last = g; g++; ad = 0; fn = 0 }
         :: d_step {
             if
@@ -626,7 +649,7 @@ inline crash(r) {
     :: else -> skip
     fi;
     /* it starts again with no floors */
-    fl = fl & ~(FB(r, 0) | FB(r, 1)); fn = fn & ~BIT(r);
+    fl = fl & ~rtfl(r); fn = fn & ~BIT(r); lb = lb & ~rtfl(r);
     clear_slot(r)
 }
 
