@@ -279,3 +279,98 @@ async fn a_rerun_after_success_starts_without_the_checkpoint(pool: PgPool) {
         .unwrap();
     assert_eq!(seen, [-1, -1], "neither run saw a checkpoint");
 }
+
+// ---------------------------------------------------------------------------------
+// A checkpoint belongs to its request: a trigger that arrives while the job runs is a
+// new request, and the run after it starts clean, however the run before ended.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "cp.request", key = "key", backoff = "10ms")]
+struct Request {
+    key: String,
+    /// How the first run ends once the trigger has arrived: `fail` or `snooze`.
+    then: String,
+}
+
+#[jobs::handler]
+async fn request(job: Request, ctx: JobContext) -> Result<(), JobError> {
+    let seen: Option<String> = ctx.last_checkpoint().await?;
+    sqlx::query("INSERT INTO seen (run, checkpoint) VALUES ((SELECT count(*) FROM seen), $1)")
+        .bind(&seen)
+        .execute(ctx.pool())
+        .await?;
+    if seen.is_some() || ctx.attempt() > 1 {
+        return Ok(());
+    }
+    ctx.checkpoint("the first request's progress").await?;
+    // Wait for the test's second trigger of this key.
+    loop {
+        let arrived: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM go)")
+            .fetch_one(ctx.pool())
+            .await?;
+        if arrived {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    match job.then.as_str() {
+        "snooze" => Err(JobError::snooze(std::time::Duration::from_millis(10))),
+        _ => Err(JobError::retry(
+            "the first run fails after the second trigger",
+        )),
+    }
+}
+
+async fn a_new_request_starts_clean(pool: PgPool, then: &str) {
+    sqlx::query("CREATE TABLE seen (run bigint, checkpoint text)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE go ()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let job = |then: &str| Request {
+        key: "k".to_owned(),
+        then: then.to_owned(),
+    };
+    let id = job(then).enqueue(&pool).await.unwrap().id;
+    let rt = Running::start(runtime(&pool, &["cp.request"]));
+    wait_until("the first run stored its checkpoint", || async {
+        jobs::admin::get(&pool, id)
+            .await
+            .unwrap()
+            .is_some_and(|j| j.checkpoint.is_some())
+    })
+    .await;
+    // A second trigger of the key while the first runs: a re-run mark.
+    job(then).enqueue(&pool).await.unwrap();
+    sqlx::query("INSERT INTO go DEFAULT VALUES")
+        .execute(&pool)
+        .await
+        .unwrap();
+    wait_until("a second run", || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM seen")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            >= 2
+    })
+    .await;
+    rt.stop().await;
+    let seen: Vec<Option<String>> = sqlx::query_scalar("SELECT checkpoint FROM seen ORDER BY run")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(seen[..2], [None, None], "the second request starts clean");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_trigger_during_a_failed_run_starts_clean(pool: PgPool) {
+    a_new_request_starts_clean(pool, "fail").await;
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_trigger_during_a_snoozed_run_starts_clean(pool: PgPool) {
+    a_new_request_starts_clean(pool, "snooze").await;
+}

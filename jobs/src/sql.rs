@@ -812,7 +812,10 @@ pub(crate) const LAST_CHECKPOINT: &str = "SELECT checkpoint FROM jobs WHERE id =
 /// kind runs at its own pace and leaves no pile of failed rows. `$7` is the kind of
 /// failure, which the attempt's entry in `errors` records with the message (the last
 /// 20 attempts are kept). A handler's cancel (`$7` = `cancelled`, with `$4`) ends the
-/// job `cancelled` instead of `failed`, on the same terms. Returns the new state.
+/// job `cancelled` instead of `failed`, on the same terms. The checkpoint stays for the
+/// next attempt of the same request, and goes with a trigger that arrived meanwhile: a
+/// checkpoint never outlives the request that wrote it (so in [`RELEASE`], [`RESCUE`]
+/// and [`COMPLETE_KEEP`] too). Returns the new state.
 ///
 /// Index: primary key. Runs on its own (never inside a handler's transaction), so
 /// `now()` is the time of the failure.
@@ -834,6 +837,7 @@ UPDATE jobs j SET
                             AND $6::bigint IS NULL
                        THEN now() END,
     last_error = $3,
+    checkpoint = CASE WHEN j.rerun_after IS NOT NULL THEN NULL ELSE j.checkpoint END,
     errors = jsonb_path_query_array(
         j.errors || jsonb_build_object('attempt', j.attempts, 'at', now(), 'kind', $7::text,
                                        'message', $3::text, 'runtime', j.runtime_id),
@@ -859,6 +863,7 @@ UPDATE jobs j SET
     run_after = greatest(
         least(coalesce(j.rerun_after, 'infinity'), now() + $3 * interval '1 millisecond'),
         now()),
+    checkpoint = CASE WHEN j.rerun_after IS NOT NULL THEN NULL ELSE j.checkpoint END,
     rerun_after = NULL,
     claimed_by = NULL,
     claimed_until = NULL
@@ -892,6 +897,7 @@ UPDATE jobs j SET
                        THEN now() END,
     last_error = 'lease expired: the worker running attempt ' || j.attempts
                  || ' stopped renewing its claim',
+    checkpoint = CASE WHEN j.rerun_after IS NOT NULL THEN NULL ELSE j.checkpoint END,
     errors = jsonb_path_query_array(
         j.errors || jsonb_build_object('attempt', j.attempts, 'at', now(), 'kind', 'lease_expired',
                                        'message', 'lease expired: the worker running attempt ' || j.attempts
