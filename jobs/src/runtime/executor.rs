@@ -226,6 +226,8 @@ async fn slot(shared: &Shared, kind: &str, job: &Inner) -> Result<Slot, Outcome>
             None => None,
         };
         let any = shared.slots.clone().acquire_owned().await;
+        // No handler starts on a claim whose lease cannot be renewed.
+        let _ = shared.renewing.clone().wait_for(|ok| *ok).await;
         (own, any)
     };
     tokio::select! {

@@ -31,6 +31,22 @@ pub(super) struct Beat {
     pub shortest: Duration,
     /// Turns true when the runtime has stopped.
     pub stop: watch::Receiver<bool>,
+    /// Whether leases can be renewed now: the heartbeat has a connection and its last
+    /// renewal answered. The producer claims, and executors start handlers, only then.
+    pub renewing: watch::Sender<bool>,
+    /// Why they cannot, in the server's words.
+    pub why_not: Arc<Mutex<Option<String>>>,
+}
+
+impl Beat {
+    /// Records whether renewals work, and why not.
+    fn renewals(&self, result: Result<(), &sqlx::Error>) {
+        let ok = result.is_ok();
+        *self.why_not.lock().expect("lock poisoned") =
+            result.err().map(crate::error::server_message);
+        self.renewing
+            .send_if_modified(|was| std::mem::replace(was, ok) != ok);
+    }
 }
 
 /// Starts the heartbeat thread. It ends when `beat.stop` turns true (or its sender is
@@ -79,8 +95,26 @@ async fn run(beat: &Beat) {
     let mut conn: Option<PgConnection> = None;
     let mut reconnect = Backoff::new(Duration::from_millis(50), tick);
     let mut reconnect_at = Instant::now();
+    let mut first = true;
     loop {
-        tokio::time::sleep(tick).await;
+        if !std::mem::take(&mut first) {
+            tokio::time::sleep(tick).await;
+        }
+        // The connection is opened at start, and again as soon as it is lost, whether
+        // or not a claim is held: claims wait for it.
+        if conn.is_none() && Instant::now() >= reconnect_at {
+            match connect(beat).await {
+                Ok(c) => {
+                    conn = Some(c);
+                    reconnect = Backoff::new(Duration::from_millis(50), tick);
+                    beat.renewals(Ok(()));
+                }
+                Err(e) => {
+                    reconnect_at = Instant::now() + reconnect.next();
+                    beat.renewals(Err(&e));
+                }
+            }
+        }
         let mut ids = Vec::new();
         let mut tokens: Vec<Uuid> = Vec::new();
         let mut leases = Vec::new();
@@ -104,22 +138,11 @@ async fn run(beat: &Beat) {
         // A renewal that hangs (a silently dead connection, a table lock) counts as a
         // failed one, so that handlers hear of a lease that may be gone.
         let renewal = async {
-            if conn.is_none() {
-                if Instant::now() < reconnect_at {
-                    return Err(sqlx::Error::PoolTimedOut);
-                }
-                match connect(beat).await {
-                    Ok(c) => {
-                        conn = Some(c);
-                        reconnect = Backoff::new(Duration::from_millis(50), tick);
-                    }
-                    Err(e) => {
-                        reconnect_at = Instant::now() + reconnect.next();
-                        return Err(e);
-                    }
-                }
-            }
-            let c = conn.as_mut().expect("connected above");
+            let Some(c) = conn.as_mut() else {
+                return Err(sqlx::Error::Protocol(
+                    "no connection for the renewals yet".to_owned(),
+                ));
+            };
             crate::pooler::alone!(
                 c,
                 crate::pooler::query_as(sql::RENEW)
@@ -139,6 +162,7 @@ async fn run(beat: &Beat) {
                     shortest / 2
                 ))),
             };
+        beat.renewals(result.as_ref().map(drop));
         if result.is_err() {
             // It may be broken, or mid-statement after a timeout: start afresh.
             if let Some(c) = conn.take() {

@@ -266,7 +266,11 @@ impl Runtime {
             })
             .collect();
         let throughput = Arc::new(throughput::Throughput::default());
+        let (renewing_tx, renewing) = watch::channel(false);
+        let why_not = Arc::new(Mutex::new(None));
         let shared = Arc::new(Shared {
+            renewing,
+            why_not: why_not.clone(),
             runtime_id: uuid::Uuid::new_v4(),
             pool: self.pool.clone(),
             db: db.clone(),
@@ -290,30 +294,8 @@ impl Runtime {
         });
         let executors: producer::Executors = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
 
-        let mut completer = tokio::spawn(completer::run(
-            db,
-            completions_rx,
-            flights,
-            wake.clone(),
-            self.statement_timeout,
-            throughput,
-        ));
-        let mut background = vec![
-            tokio::spawn(rescuer::run(shared.clone(), self.rescue_interval)),
-            tokio::spawn(rescuer::prune(shared.clone(), self.retain_failed)),
-        ];
-        // Behind a transaction pooler a `LISTEN` hears nothing for long (its server
-        // connection is lent to others): poll only. A cancelled running job is then
-        // dropped at the next renewal instead of at once.
-        if !crate::pooler::behind() {
-            background.push(tokio::spawn(listener::run(shared.clone())));
-        }
-        #[cfg(feature = "metrics")]
-        background.push(tokio::spawn(observe::run(shared.clone())));
-        background.push(tokio::spawn(presence::run(
-            shared.clone(),
-            presence::Registration::new(self.name.clone(), &shared, self.concurrency),
-        )));
+        // The heartbeat first: its connection is the one the runtime cannot do without
+        // (renewals never lose a connection to the runtime's other statements).
         // The heartbeat runs until `beat_stop` is dropped (with the guard, once every
         // outcome has been written) or set.
         let (beat_stop, beat_stop_rx) = watch::channel(false);
@@ -344,17 +326,40 @@ impl Runtime {
             search_path,
             shortest,
             stop: beat_stop_rx,
+            renewing: renewing_tx,
+            why_not,
         }) {
             Ok(beat) => beat,
             Err(e) => {
-                for task in &background {
-                    task.abort();
-                }
                 return Err(Error::Runtime(format!(
                     "cannot start the heartbeat thread: {e}"
                 )));
             }
         };
+        let mut completer = tokio::spawn(completer::run(
+            db,
+            completions_rx,
+            flights,
+            wake.clone(),
+            self.statement_timeout,
+            throughput,
+        ));
+        let mut background = vec![
+            tokio::spawn(rescuer::run(shared.clone(), self.rescue_interval)),
+            tokio::spawn(rescuer::prune(shared.clone(), self.retain_failed)),
+        ];
+        // Behind a transaction pooler a `LISTEN` hears nothing for long (its server
+        // connection is lent to others): poll only. A cancelled running job is then
+        // dropped at the next renewal instead of at once.
+        if !crate::pooler::behind() {
+            background.push(tokio::spawn(listener::run(shared.clone())));
+        }
+        #[cfg(feature = "metrics")]
+        background.push(tokio::spawn(observe::run(shared.clone())));
+        background.push(tokio::spawn(presence::run(
+            shared.clone(),
+            presence::Registration::new(self.name.clone(), &shared, self.concurrency),
+        )));
         let mut producer = tokio::spawn(producer::run(shared.clone(), executors.clone(), stop_rx));
         let mut guard = DropGuard {
             stop: stop_tx,
@@ -593,6 +598,11 @@ async fn shutdown_signal() {
 
 /// State shared by the runtime's tasks.
 pub(crate) struct Shared {
+    /// Whether the heartbeat can renew leases now (it has its connection, and its last
+    /// renewal answered): the producer claims, and executors start handlers, only then.
+    renewing: watch::Receiver<bool>,
+    /// Why it cannot, in the server's words.
+    why_not: Arc<Mutex<Option<String>>>,
     /// This run's id: claims record it (`runtime_id`), and so do failed attempts.
     runtime_id: uuid::Uuid,
     /// The application's pool, lent to handlers.

@@ -87,6 +87,9 @@ const MAX_AHEAD: usize = 1_000;
 /// notified one waits for its claim.
 const WRITERS_POLL: Duration = Duration::from_millis(10);
 
+/// How often a runtime that cannot renew leases (and so claims nothing) says so.
+const RENEWALS_WARN_EVERY: Duration = Duration::from_secs(5);
+
 /// How often the rates behind the claim-ahead are measured.
 const RATE_EVERY: Duration = Duration::from_millis(100);
 
@@ -121,6 +124,10 @@ type Capacity = (usize, Vec<(&'static HandlerInfo, usize)>);
 pub(super) async fn run(shared: Arc<Shared>, executors: Executors, stop: watch::Receiver<bool>) {
     let mut producer = Producer::new(shared, executors, stop);
     while !*producer.stop.borrow() {
+        if !*producer.shared.renewing.borrow() {
+            producer.wait_for_renewals().await;
+            continue;
+        }
         producer.tend().await;
         let capacity = producer.capacity();
         if capacity.0 == 0 || capacity.1.iter().all(|(_, n)| *n == 0) {
@@ -237,6 +244,36 @@ impl Producer {
             self.shared.concurrency
         };
         total_free < target
+    }
+
+    /// The heartbeat cannot renew leases (no connection, or its renewals fail): claims
+    /// nothing until it can, and says why every few seconds, in the server's words, with
+    /// what the runtime needs.
+    async fn wait_for_renewals(&mut self) {
+        let waited = Instant::now();
+        let mut renewing = self.shared.renewing.clone();
+        loop {
+            let ready = tokio::time::timeout(RENEWALS_WARN_EVERY, async {
+                tokio::select! {
+                    _ = renewing.wait_for(|ok| *ok) => {}
+                    _ = self.stop.changed() => {}
+                }
+            })
+            .await;
+            if ready.is_ok() || *self.stop.borrow() {
+                return;
+            }
+            let why = self.shared.why_not.lock().expect("lock poisoned").clone();
+            let server = connection_budget(&self.shared).await;
+            tracing::warn!(
+                error = why.as_deref().unwrap_or("no answer yet"),
+                waited = ?waited.elapsed(),
+                runtime_connections = super::RUNTIME_CONNECTIONS,
+                server = %server,
+                "not claiming jobs: the heartbeat cannot renew leases; the runtime needs {} connections of its own besides the application's pool",
+                super::RUNTIME_CONNECTIONS
+            );
+        }
     }
 
     /// No room: waits for a claim to end (and, while a kind is paused, at most a poll
@@ -441,6 +478,25 @@ impl Producer {
 /// The floor probe's answer: what it found behind the floors (kind, priority,
 /// run-after), and how long it took.
 type ProbeAnswer = (Result<Vec<(String, i16, f64)>, sqlx::Error>, Duration);
+
+/// The server's connection limits as the application's pool sees them (`max_connections`
+/// and how many are open), or why they cannot be read.
+async fn connection_budget(shared: &Shared) -> String {
+    let query = crate::pooler::query_as::<_, (String, i64)>(
+        "SELECT current_setting('max_connections'), (SELECT count(*) FROM pg_stat_activity)",
+    )
+    .fetch_one(&shared.pool);
+    match tokio::time::timeout(Duration::from_secs(1), query).await {
+        Ok(Ok((max, open))) => format!("max_connections = {max}, {open} open"),
+        Ok(Err(e)) => format!(
+            "max_connections unknown: {}",
+            crate::error::server_message(&e)
+        ),
+        Err(_) => {
+            "max_connections unknown: the application's pool has no free connection".to_owned()
+        }
+    }
+}
 
 /// The backoff between failed claims.
 fn claim_backoff() -> Backoff {
