@@ -102,10 +102,8 @@ run p5-poison-transaction live   ok -DPOISON -DTXMODE
 run safety-3-triggers-hb  safety ok -DNT=3
 run safety-3-triggers-tx  safety ok -DNT=3 -DTXMODE
 run batch-ordered         safety ok -DBATCH
-# Writers honoured by a look-back when they end, instead of floors held below them.
-run safety-lookback-hb    safety ok -DLOOKBACK
-run safety-lookback-tx    safety ok -DLOOKBACK -DTXMODE
-run p2-lookback-hb        live   ok -DLOOKBACK
+# (b) as first built: floors held below a writer in progress, no look-back.
+run safety-holdback-hb    safety ok -DHOLDBACK
 
 # The mutations: each must be caught.
 run mut-flight-dropped         bfs  error -DMUT_FLIGHT_DROPPED
@@ -114,7 +112,7 @@ run mut-tx-lease-lost-commits  bfs  error -DMUT_TX_LEASE_LOST_COMMITS -DMAXFAULT
 run mut-fence-drop-completes   live error -DMUT_FENCE_DROP_COMPLETES
 run mut-coalesce-keeps-attempts bfs error -DMUT_COALESCE_KEEPS_ATTEMPTS
 run mut-batch-unordered        bfs  error -DBATCH -DMUT_BATCH_UNORDERED
-run mut-floor-passes-writers   bfs  error -DMUT_FLOOR_PASSES_WRITERS
+run mut-floor-blind-to-writers bfs  error -DMUT_FLOOR_BLIND_TO_WRITERS
 run mut-floor-passes-locked    bfs  error -DMUT_FLOOR_PASSES_LOCKED
 run mut-rerun-keeps-run-after  bfs  error -DMUT_RERUN_KEEPS_RUN_AFTER
 

@@ -11,24 +11,29 @@
  * to the code must be added to one of these lists.
  *
  * Floors. Each runtime starts each claim's scan of a (kind, priority) range at a
- * floor, and after the claim moves the floor up to the latest run-after it took (less a
- * lag), unless the claim's own report holds it back: (a) `held_back`, the scan passed a
- * visible pending row that another transaction held locked; (b) `writers` (and
- * `waiting`), a transaction in progress at the claim's snapshot that writes or locks
- * rows of `jobs` may commit a pending row the claim could not see, so the floor stays
- * below the time it wrote. And (c) every statement that makes a row pending gives it a
- * run-after no earlier than its own start, which no floor has passed. Here a floor is
- * kept relative to each row: `fl` (a bit per runtime and row slot) says that the
- * runtime's floor has passed the row's run-after (for a running row with a re-run mark,
- * the mark's rerun_after), `fn` the same for the run-after of the application's
- * uncommitted statement. A CLAIM never takes a row behind its floor (the step not
- * taken). A claim that takes none of the modelled rows (it takes other rows, of other
- * keys, later in claim order, which are not modelled) moves its floor past a row only
- * where (a) and (b) allow it. With -DLOOKBACK, (b) is kept the other way: a floor may
- * pass a writer in progress, and the runtime's next claim after the writer ends starts
- * its scans at the time the writer began writing. P7 (a committed, due, unlocked job
- * is taken by the next claim of a runtime with a free slot) and p2 rely on (a)-(c) and
- * on nothing else: the probe (FLOOR_PROBE) is a step that may run or not.
+ * floor, and after the claim moves the floor up to the latest run-after it took (less
+ * a lag); each claim reports what that would miss. (a) `held_back`: the scan passed a
+ * visible pending row that another transaction held locked; the floor stays at it.
+ * (b) `writers`: a transaction in progress at the claim's snapshot that writes or
+ * locks rows of `jobs` may commit a pending row the claim could not see; the runtime
+ * passes it back to its next claims, and the first one whose snapshot sees it ended
+ * starts its scans at the time it began writing (`since`), and the floors come down to
+ * it (and `waiting`: a statement waiting for a lock holds the floors below its wait's
+ * start). (c): every statement that makes a row pending gives it a run-after no
+ * earlier than its own start, which no floor has passed.
+ *
+ * Here a floor is kept relative to each row: `fl` (a bit per runtime and row slot)
+ * says that the runtime's floor has passed the row's run-after (for a running row with
+ * a re-run mark, the mark's rerun_after), `fn` the same for the run-after of the
+ * application's uncommitted statement, `lb` the look-backs (b) owed. A CLAIM never
+ * takes a row behind its floor (the step not taken). A claim that takes none of the
+ * modelled rows (it takes other rows, of other keys, later in claim order, which are
+ * not modelled) moves its floor past a row only where (a) allows it; past a writer's
+ * row, (b) makes its next claim after the writer ends look back over it. With
+ * -DHOLDBACK, (b) is kept the way it was first built: no floor passes a writer in
+ * progress. P7 (a committed, due, unlocked job is taken by the next claim of a runtime
+ * with a free slot) and p2 rely on (a)-(c) and on nothing else: the probe (FLOOR_PROBE)
+ * is a step that may run or not.
  */
 
 /* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT FLOOR_PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
@@ -45,12 +50,12 @@
  *   BATCH       the two-key batch configuration (ENQUEUE_MANY lock order) instead
  *   MAXFAULT    crashes plus session cuts (default 2)
  *   NT          triggers the application sends (default 2)
- *   LOOKBACK    (b) by a look-back: floors pass a writer in progress, and the next
- *               claim after it ends looks behind them (default: floors held below it)
+ *   HOLDBACK    (b) by floors held below a writer in progress (default: floors pass
+ *               it, and the next claim after it ends looks back over its rows)
  * Mutations, each one defect of the old protocol put back:
  *   MUT_FLIGHT_DROPPED  MUT_TX_CLAIM_IN_TX  MUT_TX_LEASE_LOST_COMMITS
  *   MUT_FENCE_DROP_COMPLETES  MUT_COALESCE_KEEPS_ATTEMPTS  MUT_BATCH_UNORDERED
- *   MUT_FLOOR_PASSES_WRITERS  MUT_FLOOR_PASSES_LOCKED  MUT_RERUN_KEEPS_RUN_AFTER
+ *   MUT_FLOOR_BLIND_TO_WRITERS  MUT_FLOOR_PASSES_LOCKED  MUT_RERUN_KEEPS_RUN_AFTER
  */
 
 #ifdef BATCH
@@ -167,8 +172,8 @@ byte snoozes;
    passed the run-after that the application's uncommitted statement wrote */
 byte fl;
 byte fn;
-byte lb;                /* -DLOOKBACK: bits of `fl` that runtime r's next claim looks
-                           back behind, its writer having ended */
+byte lb;                /* bits of `fl` that runtime r's next claim looks back over, their
+                           writer having ended (b) */
 bit ad;                 /* that statement's delay: its run_after = now() + ad */
 bit skipped;            /* ghost: a claim left a claimable row behind its floor (P7) */
 
@@ -343,8 +348,9 @@ inline write_fail(r, perm) {
 /* What a claim that takes none of the modelled rows (it takes rows of other keys, later
    in claim order) may move its floor past, by its report:
    - a row the application's transaction wrote and has not committed (inserted,
-     coalesced, or a re-run mark), once its run-after is due: never, its transaction is
-     one of the claim's writers (b), and the floor stays below the time it wrote;
+     coalesced, or a re-run mark), once its run-after is due: yes, its transaction is
+     one of the claim's writers (b), which the runtime looks back to when it ends (with
+     -DHOLDBACK: never, the floor stays below the time it wrote);
    - a pending, due row locked by another transaction (the application's, with or
      without a write to it): never, the scan skipped it and `held_back` keeps the floor
      at it (a);
@@ -354,18 +360,19 @@ inline write_fail(r, perm) {
    out. Such claims are made for a runtime's other slots too (not modelled), so they
    may run in any phase. */
 #define app_row         (row[0].lock == APP || row[1].lock == APP)
-#if defined(MUT_FLOOR_PASSES_WRITERS) || defined(LOOKBACK)
-#define passes_new(r)   (app_row && ad == 0 && (fn & BIT(r)) == 0)
-#else
+#if defined(HOLDBACK) && !defined(MUT_FLOOR_BLIND_TO_WRITERS)
 #define passes_new(r)   false
+#else
+#define passes_new(r)   (app_row && ad == 0 && (fn & BIT(r)) == 0)
 #endif
-/* -DLOOKBACK, the other way to honour (b): a claim may move its floor past the rows
-   of a writer in progress, which it reports; the runtime passes its writers to its next
-   claims, and the first one whose snapshot sees a writer ended starts its scans at the
-   time that writer began writing (`since`), and the runtime lowers its floors to it.
-   Every runtime whose floor passed the writer's run-after saw it in progress, so at the
-   writer's end each gets a look-back over the row (`lb`), taken by its next claim. */
-#if defined(LOOKBACK) && !defined(MUT_FLOOR_PASSES_WRITERS)
+/* (b): a claim reports the writers in progress at its snapshot; the runtime passes
+   them to its next claims, and the first one whose snapshot sees a writer ended starts
+   its scans at the time that writer began writing (`since`), and the runtime lowers its
+   floors to it. Every runtime whose floor passed the writer's run-after saw it in
+   progress (a statement runs for less than the lag before it writes), so at the
+   writer's end each gets a look-back over the row (`lb`), which its next claim takes
+   before it scans. */
+#if !defined(HOLDBACK) && !defined(MUT_FLOOR_BLIND_TO_WRITERS)
 #define ended(i)        lb = lb | fnfl(i)
 #define look_back(r)    fl = fl & ~(lb & rtfl(r)); lb = lb & ~rtfl(r)
 #else
