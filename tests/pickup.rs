@@ -386,3 +386,83 @@ async fn a_runtime_of_several_kinds_claims_a_busy_kind_without_waiting_for_the_p
     .await;
     rt.stop().await;
 }
+
+/// Ten kinds, each recording its completions in `finished (seq, kind)`.
+macro_rules! fair_kinds {
+    ($($module:ident = $kind:literal),* $(,)?) => {
+        $(
+            mod $module {
+                use super::*;
+                #[derive(Job, Serialize, Deserialize)]
+                #[job(kind = $kind)]
+                pub struct Fair {}
+                #[jobs::handler]
+                async fn handle(_job: Fair, ctx: JobContext) -> Result<(), JobError> {
+                    sqlx::query("INSERT INTO finished (kind) VALUES ($1)")
+                        .bind($kind)
+                        .execute(ctx.pool())
+                        .await?;
+                    Ok(())
+                }
+            }
+        )*
+    };
+}
+
+fair_kinds!(
+    f0 = "pk.f0",
+    f1 = "pk.f1",
+    f2 = "pk.f2",
+    f3 = "pk.f3",
+    f4 = "pk.f4",
+    f5 = "pk.f5",
+    f6 = "pk.f6",
+    f7 = "pk.f7",
+    f8 = "pk.f8",
+    f9 = "pk.f9",
+);
+
+/// Ten busy kinds, enqueued one after another (each kind's backlog older than the
+/// next one's): every window of 200 completions holds each kind's share within 2x of
+/// any other's, so no kind waits for another's backlog to drain.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn busy_kinds_take_turns(pool: PgPool) {
+    sqlx::query("CREATE TABLE finished (seq bigserial, kind text)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let kinds: Vec<String> = (0..10).map(|k| format!("pk.f{k}")).collect();
+    for kind in &kinds {
+        sqlx::query(
+            "INSERT INTO jobs (kind, payload, max_attempts) SELECT $1, '{}', 3 FROM generate_series(1, 300)",
+        )
+        .bind(kind)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let names: Vec<&str> = kinds.iter().map(String::as_str).collect();
+    let rt = Running::start(runtime(&pool, &names).concurrency(10));
+    wait_until("every job done", || async {
+        common::live(&pool).await == 0
+    })
+    .await;
+    rt.stop().await;
+    let order: Vec<String> = sqlx::query_scalar("SELECT kind FROM finished ORDER BY seq")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(order.len(), 3_000);
+    // The first 2,400 completions, while every kind still has jobs.
+    for (w, window) in order[..2_400].chunks(200).enumerate() {
+        let counts: Vec<usize> = kinds
+            .iter()
+            .map(|k| window.iter().filter(|d| *d == k).count())
+            .collect();
+        let (least, most) = (*counts.iter().min().unwrap(), *counts.iter().max().unwrap());
+        assert!(
+            most <= 2 * least.max(1) && least > 0,
+            "window {w}: completions per kind {counts:?}"
+        );
+    }
+}

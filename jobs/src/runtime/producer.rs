@@ -170,6 +170,9 @@ struct Producer {
     follow_up: bool,
     /// When the last claim was sent: jobs that became due after it are looked for.
     claim_sent: Instant,
+    /// Which kind goes first in a turn of the next claim: each claim the next one, so
+    /// that a claim smaller than a turn of every kind favours none.
+    first_kind: usize,
 }
 
 impl Producer {
@@ -193,6 +196,7 @@ impl Producer {
             gathered: false,
             follow_up: false,
             claim_sent: Instant::now(),
+            first_kind: 0,
         }
     }
 
@@ -335,7 +339,8 @@ impl Producer {
     /// One claim of every kind with room, and the start of what it took.
     async fn claim(&mut self, (total_free, per_kind): &Capacity) {
         self.gathered = false;
-        let Some(ask) = Ask::new(*total_free, per_kind, &self.floors) else {
+        self.first_kind = self.first_kind.wrapping_add(1);
+        let Some(ask) = Ask::new(*total_free, per_kind, &self.floors, self.first_kind) else {
             self.more = false;
             return;
         };
@@ -353,7 +358,7 @@ impl Producer {
             Ok(rows) => {
                 self.backoff = claim_backoff();
                 self.more = ask.filled(&rows);
-                self.start_all(rows).await;
+                self.start_all(rows, &ask.kinds).await;
                 if !self.more {
                     // Idle next: let the executors just started (each waiting in this
                     // worker's next-task slot) begin their handlers before the next-due
@@ -365,8 +370,9 @@ impl Producer {
         }
     }
 
-    /// Moves the floors and starts the claimed rows, in claim order.
-    async fn start_all(&mut self, mut rows: Vec<ClaimRow>) {
+    /// Moves the floors and starts the claimed rows, in claim order (`kinds` in the
+    /// order they took their turns).
+    async fn start_all(&mut self, mut rows: Vec<ClaimRow>, kinds: &[&'static str]) {
         if let Some(first) = rows.first_mut()
             && let (Some(at), Some(xmax)) = (first.at, first.xmax)
         {
@@ -391,14 +397,8 @@ impl Producer {
                 .collect();
             self.floors.after_claim(&snapshot, &reports);
         }
-        // The update returns its rows in id order; they start in the claim's.
-        rows.sort_by(|a, b| {
-            (a.priority, a.run_after, a.id)
-                .partial_cmp(&(b.priority, b.run_after, b.id))
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
         let mut running = self.executors.lock().await;
-        for row in rows {
+        for row in claim_order(rows, kinds) {
             start(&self.shared, row, &mut running);
         }
     }
@@ -678,12 +678,14 @@ struct Ask {
 }
 
 impl Ask {
-    /// The claim of every kind with free capacity, from its floors. None if no kind has
-    /// room.
+    /// The claim of every kind with free capacity, from its floors, listed from the
+    /// `first`-th (modulo their number: the order in which kinds take a turn). None if
+    /// no kind has room.
     fn new(
         total_free: usize,
         per_kind: &[(&'static HandlerInfo, usize)],
         floors: &Floors,
+        first: usize,
     ) -> Option<Ask> {
         let mut ask = Ask {
             kinds: Vec::new(),
@@ -695,7 +697,9 @@ impl Ask {
             statement: "",
         };
         let mut asked = 0usize;
-        for (info, free) in per_kind.iter().filter(|(_, free)| *free > 0) {
+        let skip = first % per_kind.len().max(1);
+        let rotated = per_kind[skip..].iter().chain(&per_kind[..skip]);
+        for (info, free) in rotated.filter(|(_, free)| *free > 0) {
             // The statement takes at most `sql::CLAIM_MAX_PER_KIND` of a kind.
             let free = (*free).min(sql::CLAIM_MAX_PER_KIND);
             ask.kinds.push(info.kind);
@@ -755,6 +759,36 @@ impl Ask {
         )
         .await
     }
+}
+
+/// A claim's rows in the order they start (the update returns them by id): the most
+/// urgent priority first; within it the kinds take turns in the order of `kinds` (each
+/// kind's n-th job, by run-after and id, before any kind's n+1-th), as the claim shared
+/// them.
+fn claim_order(mut rows: Vec<ClaimRow>, kinds: &[&'static str]) -> Vec<ClaimRow> {
+    let position = |kind: &str| kinds.iter().position(|k| *k == kind).unwrap_or(usize::MAX);
+    rows.sort_by(|a, b| {
+        (position(&a.kind), a.priority)
+            .cmp(&(position(&b.kind), b.priority))
+            .then(
+                (a.run_after, a.id)
+                    .partial_cmp(&(b.run_after, b.id))
+                    .unwrap_or(std::cmp::Ordering::Equal),
+            )
+    });
+    let mut turn = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter().enumerate() {
+        let same = i > 0 && (&rows[i - 1].kind, rows[i - 1].priority) == (&row.kind, row.priority);
+        turn.push(if same { turn[i - 1] + 1 } else { 0 });
+    }
+    let mut keyed: Vec<(i16, usize, ClaimRow)> = rows
+        .into_iter()
+        .zip(turn)
+        .map(|(row, turn)| (row.priority, turn, row))
+        .collect();
+    // Stable: within a turn, kinds keep their order.
+    keyed.sort_by_key(|(priority, turn, _)| (*priority, *turn));
+    keyed.into_iter().map(|(_, _, row)| row).collect()
 }
 
 /// Starts the executor of a claimed job.
