@@ -99,10 +99,7 @@ async fn sample(pool: PgPool, path: &'static str) -> (u64, Instant) {
             let later = EnqueueOptions::new()
                 .delay(Duration::from_secs(3600))
                 .priority(5);
-            job(key.clone())
-                .enqueue_with(&pool, later)
-                .await
-                .unwrap();
+            job(key.clone()).enqueue_with(&pool, later).await.unwrap();
             let mut tx = pool.begin().await.unwrap();
             Late {
                 tag: 0,
