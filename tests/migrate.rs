@@ -203,3 +203,24 @@ async fn migration_2_ends_the_unbounded_claims_of_the_old_transaction_mode(pool:
         .unwrap();
     assert!(expired, "the rescuer can take it back now");
 }
+
+/// The migrations live in the workspace's `migrations/`, and the library compiles in
+/// exactly those: `jobs/migrations` is a link to them (so that the published package
+/// carries them as files), not a second copy that could drift.
+#[test]
+fn the_library_compiles_in_the_workspace_migrations() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<String> = std::fs::read_dir(root.join("migrations"))
+        .expect("a top-level migrations/ folder")
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".sql"))
+        .collect();
+    files.sort();
+    let link = std::fs::read_link(root.join("jobs/migrations")).expect("jobs/migrations is a link");
+    assert_eq!(link, std::path::Path::new("../migrations"));
+    let compiled: Vec<String> = jobs::MIGRATOR
+        .iter()
+        .map(|m| format!("{:04}_{}.sql", m.version, m.description.replace(' ', "_")))
+        .collect();
+    assert_eq!(compiled, files);
+}

@@ -12,11 +12,13 @@ use crate::error::Error;
 /// shared table each migrator would reject the other's versions as unknown.
 pub const MIGRATIONS_TABLE: &str = "_jobs_migrations";
 
-/// The migrations of `jobs/migrations/`, recording their history in [`MIGRATIONS_TABLE`].
+/// The project's migrations (`migrations/`, compiled in), recording their history in [`MIGRATIONS_TABLE`].
 ///
 /// Use it with `#[sqlx::test(migrator = "jobs::MIGRATOR")]` to get a test database with
 /// the job table in place.
 pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    // `jobs/migrations` is a link to the workspace's `migrations/`: a package carries
+    // only files under its own directory, and `cargo package` copies the linked files in.
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.dangerous_set_table_name(Cow::Borrowed(MIGRATIONS_TABLE));
     migrator
