@@ -45,6 +45,7 @@ impl Enqueued {
 /// [`EnqueueBatch::push_with`].
 ///
 /// ```no_run
+/// # use jobs::sqlx;
 /// # use jobs::{Job, EnqueueOptions};
 /// # use std::time::Duration;
 /// # #[derive(Job, serde::Serialize, serde::Deserialize)]
@@ -322,6 +323,7 @@ fn bind_one<'q, O>(
 /// The batch sends at most one wake-up notification per kind.
 ///
 /// ```no_run
+/// # use jobs::sqlx;
 /// # use jobs::{Job, EnqueueBatch};
 /// # #[derive(Job, serde::Serialize, serde::Deserialize)]
 /// # #[job(kind = "mail.send")]

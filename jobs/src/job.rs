@@ -161,6 +161,23 @@ pub struct JobConfig {
 /// follow the zone's wall clock across daylight-saving changes: a local time that a
 /// change skips fires at the corresponding time after it (02:30 on the spring-forward
 /// night fires at 03:00), and one that occurs twice fires once, at its first occurrence.
+///
+/// ```
+/// use jobs::sqlx::types::chrono::{TimeZone, Utc};
+/// use jobs::{CronSchedule, Job};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Job, Serialize, Deserialize, Default)]
+/// #[job(kind = "report.nightly", cron = "0 3 * * *", timezone = "Europe/Paris")]
+/// struct NightlyReport {}
+///
+/// let schedule: CronSchedule = NightlyReport::CONFIG.cron.unwrap();
+/// // 03:00 in Paris is 02:00 UTC in winter, 01:00 UTC in summer.
+/// let noon = Utc.with_ymd_and_hms(2026, 1, 10, 12, 0, 0).unwrap();
+/// assert_eq!(schedule.next_after(noon), Some(Utc.with_ymd_and_hms(2026, 1, 11, 2, 0, 0).unwrap()));
+/// let noon = Utc.with_ymd_and_hms(2026, 7, 10, 12, 0, 0).unwrap();
+/// assert_eq!(schedule.next_after(noon), Some(Utc.with_ymd_and_hms(2026, 7, 11, 1, 0, 0).unwrap()));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CronSchedule {
     /// The cron expression, e.g. `0 3 * * *`.

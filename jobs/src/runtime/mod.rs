@@ -31,6 +31,16 @@ use crate::registry::{self, HandlerInfo};
 
 /// Runs the handlers linked into this binary until SIGINT or SIGTERM, with the default
 /// settings of [`Runtime`].
+///
+/// ```no_run
+/// #[tokio::main]
+/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let pool = jobs::sqlx::PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
+///     jobs::migrate(&pool).await?;
+///     jobs::run(pool).await?; // logs the kinds it claims, returns after a signal
+///     Ok(())
+/// }
+/// ```
 pub async fn run(pool: PgPool) -> Result<(), Error> {
     Runtime::new(pool).run().await
 }
@@ -38,6 +48,7 @@ pub async fn run(pool: PgPool) -> Result<(), Error> {
 /// The job runtime and its settings.
 ///
 /// ```no_run
+/// # use jobs::sqlx;
 /// # async fn f(pool: sqlx::PgPool) -> Result<(), jobs::Error> {
 /// use std::time::Duration;
 ///
