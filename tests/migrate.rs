@@ -224,3 +224,36 @@ fn the_library_compiles_in_the_workspace_migrations() {
         .collect();
     assert_eq!(compiled, files);
 }
+
+/// Counts the server notices sqlx logs (target `sqlx::postgres::notice`) in this thread.
+#[derive(Clone, Default)]
+struct Notices(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() == "sqlx::postgres::notice" {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// A start on a migrated database logs nothing: sqlx's `CREATE TABLE IF NOT EXISTS` of
+/// the history table made the server say "relation \"_jobs_migrations\" already exists,
+/// skipping" at every start.
+#[sqlx::test(migrations = false)]
+async fn migrating_a_migrated_database_logs_no_notice(pool: PgPool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    jobs::migrate(&pool).await.unwrap();
+    let notices = Notices::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(notices.clone()));
+    jobs::migrate(&pool).await.unwrap();
+    jobs::migrate(&pool).await.unwrap();
+    assert_eq!(notices.0.load(std::sync::atomic::Ordering::Relaxed), 0);
+    // The pool's connections hear notices again afterwards.
+    let level: String = sqlx::query_scalar("SHOW client_min_messages")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(level, "notice");
+}

@@ -29,8 +29,30 @@ pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
 /// Safe to call from every replica at start: sqlx takes a database-wide advisory lock
 /// around the run (the same lock an application's own sqlx migrator takes), so
 /// concurrent calls run one after the other and the later ones find nothing to do.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = jobs::sqlx::PgPool::connect("postgres://app@localhost/app").await?;
+/// jobs::migrate(&pool).await?; // at deploy time, or at every start
+/// # Ok(()) }
+/// ```
 pub async fn migrate(pool: &sqlx::PgPool) -> Result<(), Error> {
-    MIGRATOR.run(pool).await?;
+    let mut conn = pool.acquire().await?;
+    // sqlx creates its history table with `CREATE TABLE IF NOT EXISTS`, and logs the
+    // server's NOTICE ("relation \"_jobs_migrations\" already exists, skipping") at
+    // every start: this session hears only warnings and errors while it migrates.
+    sqlx::query("SET client_min_messages = warning")
+        .execute(&mut *conn)
+        .await?;
+    let migrated = MIGRATOR.run_direct(None, &mut *conn, false).await;
+    let reset = sqlx::query("RESET client_min_messages")
+        .execute(&mut *conn)
+        .await;
+    if migrated.is_err() || reset.is_err() {
+        // Never hand the pool a connection in an unknown state.
+        conn.close_on_drop();
+    }
+    migrated?;
     Ok(())
 }
 
