@@ -102,8 +102,12 @@ pub enum Command {
     /// Stop every runtime claiming a kind (within its poll interval); running jobs
     /// finish, enqueues go on.
     Pause {
-        /// The kind.
+        /// The kind: one that a runtime has declared or a job carries, unless --force.
         kind: String,
+        /// Pause it even if no runtime has declared it and no job carries it (a kind
+        /// still to be deployed).
+        #[arg(long)]
+        force: bool,
     },
     /// Let runtimes claim a paused kind again.
     Resume {

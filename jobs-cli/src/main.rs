@@ -343,7 +343,14 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
                 print(&output::runtimes_table(&runtimes));
             }
         }
-        Command::Pause { kind } => act(conn, Action::Pause(kind)).await?,
+        Command::Pause { kind, force: false } => act(conn, Action::Pause(kind)).await?,
+        Command::Pause { kind, force: true } => {
+            let running = jobs::admin::pause_forced(&mut *conn, &kind).await?;
+            print(&format!(
+                "{}\n",
+                output::clean(&jobs_web::pause_outcome(&kind, running))
+            ));
+        }
         Command::Resume { kind } => act(conn, Action::Resume(kind)).await?,
         Command::Discard { id } => act(conn, Action::Discard(id)).await?,
         Command::Web { .. } => unreachable!("served by `web`, before a connection is opened"),

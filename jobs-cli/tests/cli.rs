@@ -246,6 +246,48 @@ async fn unknown_id_fails_with_a_clear_message(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn pause_refuses_a_kind_nobody_declared_unless_forced(pool: PgPool) {
+    let url = url_of(&pool);
+    let out = jobs(&url, &["pause", "no.such.kind"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "error: no kind `no.such.kind` here: no runtime has declared it and no job carries it \
+         (a typo?); pause it anyway with `jobsctl pause --force` or jobs::admin::pause_forced\n"
+    );
+    // Nothing written: no phantom row in stats.
+    assert_eq!(stdout(&jobs(&url, &["stats"]).await), "no jobs\n");
+
+    // A kind a runtime declared, or a job carries, pauses.
+    sqlx::query(
+        "INSERT INTO jobs_runtimes (id, host, pid, version, kinds, concurrency)
+         VALUES (gen_random_uuid(), 'h', 1, '0', ARRAY['declared.kind'], 4)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    insert(&pool, "carried.kind", "done", None).await;
+    for kind in ["declared.kind", "carried.kind"] {
+        let out = jobs(&url, &["pause", kind]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(
+            stdout(&out),
+            format!("kind `{kind}` paused: runtimes stop claiming it within their poll interval\n")
+        );
+    }
+
+    let out = jobs(&url, &["pause", "--force", "no.such.kind"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "kind `no.such.kind` paused: runtimes stop claiming it within their poll interval\n"
+    );
+    // Paused now, so known: pausing it again says so, without --force.
+    let out = jobs(&url, &["pause", "no.such.kind"]).await;
+    assert_eq!(stdout(&out), "kind `no.such.kind` was already paused\n");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn usage_errors_exit_2(pool: PgPool) {
     let url = url_of(&pool);
     for args in [

@@ -39,7 +39,7 @@ use axum::Router;
 use axum::routing::{get, post};
 use sqlx::PgPool;
 
-pub use actions::{Action, ActionError, perform};
+pub use actions::{Action, ActionError, pause_outcome, perform};
 pub use queries::COUNT_CAP;
 
 /// The dashboard's settings; [`router`](Dashboard::router) turns them into routes.

@@ -23,7 +23,7 @@ async fn the_overview_counts_each_kind_by_state(pool: PgPool) {
     insert(&pool, "mail.send", "done", None).await;
     insert(&pool, "report.build", "running", None).await;
     insert(&pool, "report.build", "cancelled", None).await;
-    jobs::admin::pause(&pool, "idle.kind").await.unwrap();
+    jobs::admin::pause_forced(&pool, "idle.kind").await.unwrap();
     sqlx::query(
         "INSERT INTO jobs_runtimes (id, host, pid, version, kinds, concurrency)
          VALUES (gen_random_uuid(), 'h', 1, '0', ARRAY['mail.send', 'new.kind'], 4)",

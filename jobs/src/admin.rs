@@ -957,13 +957,32 @@ fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
-/// Pauses `$1`, and notifies the runtimes (channel `jobs_paused`) so that they read the
-/// paused kinds again at once. Index: the primary key of `jobs_paused`.
+/// Pauses `$1` if it is a known kind or `$2` (force) is true, and notifies the runtimes
+/// (channel `jobs_paused`) so that they read the paused kinds again at once. Returns
+/// whether the kind is known, and how many rows it inserted (0 or 1).
+///
+/// A kind is known when a registered runtime claims it (`jobs_runtimes.kinds`), a job
+/// of any state carries it, or it is paused already. Indexes: the kind-led partial
+/// index of each state (`jobs_claim`, `jobs_running`, `jobs_failed`, `jobs_done`,
+/// `jobs_cancelled`), one probe each; `jobs_runtimes` is a row per runtime; the primary
+/// key of `jobs_paused`.
 const PAUSE: &str = r#"
-WITH i AS (
-    INSERT INTO jobs_paused (kind) VALUES ($1) ON CONFLICT (kind) DO NOTHING RETURNING kind
+WITH known AS (
+    SELECT EXISTS (SELECT 1 FROM jobs_paused WHERE kind = $1)
+        OR EXISTS (SELECT 1 FROM jobs_runtimes WHERE $1 = ANY (kinds))
+        OR EXISTS (SELECT 1 FROM jobs WHERE kind = $1 AND state = 'pending')
+        OR EXISTS (SELECT 1 FROM jobs WHERE kind = $1 AND state = 'running')
+        OR EXISTS (SELECT 1 FROM jobs WHERE kind = $1 AND state = 'failed')
+        OR EXISTS (SELECT 1 FROM jobs WHERE kind = $1 AND state = 'done')
+        OR EXISTS (SELECT 1 FROM jobs WHERE kind = $1 AND state = 'cancelled') AS known
+),
+i AS (
+    INSERT INTO jobs_paused (kind)
+    SELECT $1 FROM known WHERE known.known OR $2::boolean
+    ON CONFLICT (kind) DO NOTHING
+    RETURNING kind
 )
-SELECT count(pg_notify('jobs_paused', i.kind)) FROM i
+SELECT (SELECT known FROM known), count(pg_notify('jobs_paused', i.kind)) FROM i
 "#;
 
 /// Resumes `$1`, and notifies the runtimes as [`PAUSE`] does. Index: the primary key of
@@ -980,8 +999,13 @@ const PAUSED: &str = "SELECT kind, paused_at FROM jobs_paused ORDER BY kind";
 /// by default; at once when the notification reaches it); jobs of the kind already
 /// claimed run to their end, and enqueues still
 /// succeed, so its jobs wait, pending, until [`resume`]. Returns whether the kind was
-/// running before (false if it was already paused). Any kind name may be paused,
-/// including one no runtime handles yet.
+/// running before (false if it was already paused).
+///
+/// Only a kind this database knows is paused: one that a registered runtime claims
+/// (see [`runtimes`]), that a job of any state carries, or that is paused already.
+/// Any other name (a typo, most likely) is an [`Error::InvalidInput`] and nothing is
+/// written; [`pause_forced`] pauses it anyway, for a kind whose first runtime or job
+/// is still to come.
 ///
 /// ```no_run
 /// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
@@ -994,7 +1018,42 @@ pub async fn pause<'e, E>(executor: E, kind: &str) -> Result<bool, Error>
 where
     E: PgExecutor<'e>,
 {
-    notified(executor, PAUSE, kind).await
+    pause_kind(executor, kind, false).await
+}
+
+/// Pauses `kind` as [`pause`] does, whether or not the database knows it yet: a kind
+/// that no runtime has declared and no job carries, paused before its first deploy.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// // The kind ships tomorrow; it must not run until the operators say so.
+/// jobs::admin::pause_forced(&pool, "ledger.rebuild").await?;
+/// # Ok(()) }
+/// ```
+pub async fn pause_forced<'e, E>(executor: E, kind: &str) -> Result<bool, Error>
+where
+    E: PgExecutor<'e>,
+{
+    pause_kind(executor, kind, true).await
+}
+
+async fn pause_kind<'e, E>(executor: E, kind: &str, force: bool) -> Result<bool, Error>
+where
+    E: PgExecutor<'e>,
+{
+    let (known, inserted): (bool, i64) = crate::pooler::query_as(PAUSE)
+        .bind(kind)
+        .bind(force)
+        .fetch_one(executor)
+        .await?;
+    if !known && !force {
+        return Err(Error::InvalidInput(format!(
+            "no kind `{kind}` here: no runtime has declared it and no job carries it \
+             (a typo?); pause it anyway with `jobsctl pause --force` or \
+             jobs::admin::pause_forced"
+        )));
+    }
+    Ok(inserted > 0)
 }
 
 /// Resumes a paused kind: runtimes claim it again, an idle one at once (a notification
