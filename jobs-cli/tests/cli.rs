@@ -458,6 +458,50 @@ async fn show_prints_the_attempt_history(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn show_tells_a_cancel_from_a_failure_and_marks_retries_in_the_history(pool: PgPool) {
+    let url = url_of(&pool);
+    let by_operator = insert(&pool, "c", "pending", None).await;
+    jobs(&url, &["cancel", &by_operator.to_string()]).await;
+    let by_handler = insert(
+        &pool,
+        "c",
+        "cancelled",
+        Some("cancelled: the order was withdrawn"),
+    )
+    .await;
+    for (id, said) in [
+        (by_operator, "cancelled by an operator"),
+        (by_handler, "cancelled by its handler"),
+    ] {
+        let text = stdout(&jobs(&url, &["show", &id.to_string()]).await);
+        assert!(text.contains(&format!("failure       {said}\n")), "{text}");
+        assert!(!text.contains("failure       error"), "{text}");
+    }
+
+    // Two operator retries: the attempts count from 1 three times, and the history
+    // says where each count starts again.
+    let id = insert(&pool, "h", "failed", Some("smtp down")).await;
+    sqlx::query(
+        "UPDATE jobs SET errors = jsonb_build_array( \
+           jsonb_build_object('attempt', 1, 'at', now(), 'kind', 'error', 'message', 'smtp down'), \
+           jsonb_build_object('attempt', 1, 'at', now(), 'kind', 'error', 'message', 'smtp down'), \
+           jsonb_build_object('attempt', 1, 'at', now(), 'kind', 'error', 'message', 'smtp down')) \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let text = stdout(&jobs(&url, &["show", &id.to_string()]).await);
+    assert_eq!(
+        text.matches("-- attempts counted from 1 again: retried, or a new request --")
+            .count(),
+        2,
+        "{text}"
+    );
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn show_prints_the_checkpoint(pool: PgPool) {
     let url = url_of(&pool);
     let id = insert(&pool, "c", "failed", Some("gave up")).await;

@@ -103,14 +103,26 @@ pub(crate) async fn not_found(ctx: Option<Extension<Ctx>>) -> Response {
 }
 
 /// A database failure as a page (the pool waits out short outages; this is what is
-/// left).
-pub(crate) fn database_error(ctx: &Ctx, e: impl std::fmt::Display) -> Response {
+/// left). A database without the job table, or with an older one (a table of a later
+/// migration missing), says what to run instead.
+pub(crate) fn database_error(ctx: &Ctx, e: jobs::Error) -> Response {
     tracing::warn!(error = %e, "dashboard query failed");
-    error(
-        ctx,
-        StatusCode::SERVICE_UNAVAILABLE,
-        &format!("The database did not answer: {e}"),
-    )
+    let unmigrated = match &e {
+        jobs::Error::Schema(_) => true,
+        // undefined_table: one of the tables a later migration adds
+        jobs::Error::Database(sqlx::Error::Database(db)) => db.code().as_deref() == Some("42P01"),
+        _ => false,
+    };
+    let message = if unmigrated {
+        format!(
+            "This database has no job table, or an older one than this dashboard reads: \
+             create or upgrade it with `jobsctl migrate` against this database (or call \
+             `jobs::migrate(&pool)` at the start of your application). ({e})"
+        )
+    } else {
+        format!("The database did not answer: {e}")
+    };
+    error(ctx, StatusCode::SERVICE_UNAVAILABLE, &message)
 }
 
 /// `t` as an absolute UTC time, to the second.

@@ -578,3 +578,50 @@ async fn the_chart_adds_up_the_throughput_history_of_its_range(pool: PgPool) {
     let odd = get(&app, "/?hours=5", None).await;
     assert!(odd.body.contains("In all: 15 succeeded, 1 failed."));
 }
+
+#[sqlx::test(migrations = false)]
+async fn an_unmigrated_database_says_what_to_run(pool: PgPool) {
+    let app = app(&pool);
+    for path in ["/", "/jobs", "/jobs?state=failed", "/jobs/1"] {
+        let page = get(&app, path, None).await;
+        assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        assert!(
+            page.body.contains("<code>jobsctl migrate</code>")
+                || page.body.contains("`jobsctl migrate`"),
+            "{path}: {}",
+            page.body
+        );
+        assert!(!page.body.contains("did not answer"), "{path}");
+    }
+    // Half-way: the job table without the tables of later migrations.
+    sqlx::raw_sql(include_str!("../../migrations/0001_create_jobs.sql"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let page = get(&app, "/", None).await;
+    assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(page.body.contains("`jobsctl migrate`"), "{}", page.body);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_job_page_marks_where_a_retry_restarted_the_attempts(pool: PgPool) {
+    let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    sqlx::query(
+        "UPDATE jobs SET errors = jsonb_build_array( \
+           jsonb_build_object('attempt', 1, 'at', now(), 'kind', 'error', 'message', 'a'), \
+           jsonb_build_object('attempt', 2, 'at', now(), 'kind', 'error', 'message', 'b'), \
+           jsonb_build_object('attempt', 1, 'at', now(), 'kind', 'error', 'message', 'c')) \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let page = get(&app(&pool), &format!("/jobs/{id}"), None).await;
+    assert_eq!(
+        page.body.matches("Attempts counted from 1 again").count(),
+        1,
+        "{}",
+        page.body
+    );
+}

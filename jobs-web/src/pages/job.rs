@@ -117,7 +117,12 @@ fn body(ctx: &Ctx, now: DateTime<Utc>, job: &JobRow, runtime: Option<&RuntimeRow
             }
         } @else {
             ol.attempts {
-                @for e in &job.errors {
+                @for (i, e) in job.errors.iter().enumerate() {
+                    // A retry (or a new request coalesced into the job) gives it a fresh
+                    // attempt budget: its attempts count from 1 again.
+                    @if i > 0 && e.attempt <= job.errors[i - 1].attempt {
+                        li.restart.muted { "Attempts counted from 1 again: the job was retried, or a new request came in." }
+                    }
                     li {
                         div { strong { "Attempt " (e.attempt) } " · " span.badge.state-failed { (e.kind.as_str()) } " · " (when(now, e.at))
                             @if let Some(r) = e.runtime { " · " span.muted.small { "runtime " code { (r) } } } }
