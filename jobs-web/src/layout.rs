@@ -197,10 +197,33 @@ pub(crate) fn action_form(ctx: &Ctx, action: &crate::Action) -> Markup {
     }
 }
 
-/// Inline JSON, pretty-printed and escaped.
-pub(crate) fn json_block(value: &serde_json::Value) -> Markup {
+/// How much of a payload or checkpoint a page shows: 16 KiB of its indented JSON. A page
+/// refreshes every few seconds; a 20 MB payload rendered whole each time made the job's
+/// page unusable.
+pub(crate) const JSON_SHOWN_BYTES: usize = 16 * 1024;
+
+/// `value` as indented JSON, escaped, at most `cap` bytes of it; what is cut off is
+/// counted, and `whole` links to all of it.
+pub(crate) fn json_block_capped(
+    value: &serde_json::Value,
+    cap: usize,
+    whole: Option<&str>,
+) -> Markup {
     let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
-    html! { pre.json { code { (text) } } }
+    if text.len() <= cap {
+        return html! { pre.json { code { (text) } } };
+    }
+    let mut at = cap;
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    html! {
+        pre.json { code { (&text[..at]) " …" } }
+        p.muted.small.cut {
+            (text.len() - at) " more bytes not shown"
+            @if let Some(href) = whole { " · " a href=(href) { "the whole JSON (" (text.len()) " bytes)" } }
+        }
+    }
 }
 
 /// An em dash for an absent value.

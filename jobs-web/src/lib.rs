@@ -102,6 +102,7 @@ impl Dashboard {
             .route("/", get(pages::overview::page))
             .route("/jobs", get(pages::jobs::page))
             .route("/jobs/{id}", get(pages::job::page))
+            .route("/jobs/{id}/payload", get(pages::job::payload))
             .route("/assets/{file}", get(layout::asset))
             .route("/login", get(pages::login::form).post(pages::login::submit));
         if !state.read_only {

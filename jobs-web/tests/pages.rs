@@ -625,3 +625,41 @@ async fn the_job_page_marks_where_a_retry_restarted_the_attempts(pool: PgPool) {
         page.body
     );
 }
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_large_payload_is_cut_on_the_job_page_and_served_whole_apart(pool: PgPool) {
+    let blob = "y".repeat(2 * 1024 * 1024);
+    let id = insert_with(
+        &pool,
+        "mail.send",
+        None,
+        "failed",
+        Some("too big"),
+        serde_json::json!({ "blob": blob }),
+    )
+    .await;
+    let app = app(&pool);
+    let page = get(&app, &format!("/jobs/{id}"), None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.len() < 64 * 1024, "{} bytes", page.body.len());
+    assert!(
+        page.body.contains("more bytes not shown"),
+        "{}",
+        &page.body[..2000]
+    );
+    let href = format!("/jobs/{id}/payload");
+    assert!(page.body.contains(&format!("href=\"{href}\"")));
+    let whole = get(&app, &href, None).await;
+    assert_eq!(whole.status, StatusCode::OK);
+    let value: serde_json::Value = serde_json::from_str(&whole.body).unwrap();
+    assert_eq!(value["blob"].as_str().map(str::len), Some(blob.len()));
+
+    // A small payload is shown whole, with no link.
+    let small = insert(&pool, "mail.send", "failed", Some("x")).await;
+    let page = get(&app, &format!("/jobs/{small}"), None).await;
+    assert!(!page.body.contains("more bytes not shown"));
+    assert_eq!(
+        get(&app, "/jobs/424242/payload", None).await.status,
+        StatusCode::NOT_FOUND
+    );
+}

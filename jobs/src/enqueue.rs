@@ -183,6 +183,8 @@ impl NewJob {
         if let Some(key) = &key {
             check_text("key", J::KIND, key)?;
         }
+        crate::limits::check_kind_and_key(J::KIND, key.as_deref())?;
+        crate::limits::check_payload(J::KIND, &payload)?;
         // jsonb rejects the escaped NUL character that JSON itself allows.
         if payload.contains("\\u0000") {
             return Err(Error::InvalidInput(format!(

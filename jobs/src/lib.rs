@@ -349,6 +349,7 @@ mod enqueue;
 mod error;
 mod history;
 mod job;
+mod limits;
 mod migrate;
 mod pooler;
 mod registry;
@@ -361,6 +362,10 @@ pub use enqueue::{EnqueueBatch, EnqueueOptions, EnqueueOutcome, Enqueued, enqueu
 pub use error::Error;
 pub use history::{AttemptError, FailureKind};
 pub use job::{CronSchedule, Job, JobConfig, KeyPart, Lease};
+pub use limits::{
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEY_BYTES, MAX_KIND_BYTES, max_payload_bytes,
+    set_max_payload_bytes,
+};
 
 /// The least urgent priority: priorities go from 0 (claimed first) to this.
 pub const MAX_PRIORITY: i16 = 9;

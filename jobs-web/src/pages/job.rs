@@ -101,10 +101,10 @@ fn body(ctx: &Ctx, now: DateTime<Utc>, job: &JobRow, runtime: Option<&RuntimeRow
             }
             section {
                 h2 { "Payload" }
-                (layout::json_block(&job.payload))
+                (layout::json_block_capped(&job.payload, layout::JSON_SHOWN_BYTES, Some(&ctx.url(&format!("/jobs/{}/payload", job.id)))))
                 h2 { "Checkpoint" }
                 @match &job.checkpoint {
-                    Some(c) => (layout::json_block(c)),
+                    Some(c) => (layout::json_block_capped(c, layout::JSON_SHOWN_BYTES, None)),
                     None => p.muted { "None saved." },
                 }
             }
@@ -131,5 +131,30 @@ fn body(ctx: &Ctx, now: DateTime<Utc>, job: &JobRow, runtime: Option<&RuntimeRow
                 }
             }
         }
+    }
+}
+
+/// `GET /jobs/{id}/payload`: the job's whole payload, as JSON (the job's page shows
+/// its first [`layout::JSON_SHOWN_BYTES`]).
+pub(crate) async fn payload(
+    State(dash): State<Shared>,
+    Extension(ctx): Extension<Ctx>,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Response {
+    let Ok(Path(id)) = id else {
+        return layout::error(&ctx, StatusCode::BAD_REQUEST, "A job id is a whole number.");
+    };
+    match admin::get(&dash.pool, id).await {
+        Ok(Some(job)) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            job.payload.to_string(),
+        )
+            .into_response(),
+        Ok(None) => layout::error(
+            &ctx,
+            StatusCode::NOT_FOUND,
+            &format!("There is no job {id}."),
+        ),
+        Err(e) => layout::database_error(&ctx, e),
     }
 }
