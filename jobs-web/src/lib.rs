@@ -49,6 +49,8 @@ pub struct Dashboard {
     read_only: bool,
     token: Option<String>,
     refresh_seconds: u32,
+    trust_forwarded_host: bool,
+    csrf_key: security::CsrfKey,
 }
 
 impl std::fmt::Debug for Dashboard {
@@ -57,6 +59,7 @@ impl std::fmt::Debug for Dashboard {
             .field("read_only", &self.read_only)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("refresh_seconds", &self.refresh_seconds)
+            .field("trust_forwarded_host", &self.trust_forwarded_host)
             .finish_non_exhaustive()
     }
 }
@@ -70,6 +73,8 @@ impl Dashboard {
             read_only: false,
             token: None,
             refresh_seconds: 5,
+            trust_forwarded_host: false,
+            csrf_key: security::CsrfKey::random(),
         }
     }
 
@@ -91,6 +96,16 @@ impl Dashboard {
     /// the live refresh off).
     pub fn refresh_seconds(mut self, seconds: u32) -> Self {
         self.refresh_seconds = seconds;
+        self
+    }
+
+    /// Trusts the `X-Forwarded-Host` header in the origin check of every POST (off
+    /// unless set). Turn it on only behind a reverse proxy that rewrites `Host` and
+    /// sets this header itself, overwriting what the client sent: any client can send
+    /// it, so without such a proxy it would let a page of another site name itself as
+    /// the dashboard's host.
+    pub fn trust_forwarded_host(mut self, trust: bool) -> Self {
+        self.trust_forwarded_host = trust;
         self
     }
 

@@ -365,11 +365,26 @@ async fn a_forged_request_changes_nothing(pool: PgPool) {
     // not the cookie's, no token at all, and the right token from another origin.
     type Headers<'a> = &'a [(&'a str, &'a str)];
     let evil = [("origin", "https://evil.example")];
-    let attempts: [(Option<&str>, _, Headers); 4] = [
+    // A cookie the dashboard did not issue (planted from a sibling subdomain, say) with
+    // the same value in the form; and a client naming the other site as the forwarded
+    // host, which the dashboard does not trust unless told.
+    let planted = "0123456789abcdef0123456789abcdef";
+    let planted_cookie = format!("jobs_web_csrf={planted}");
+    let (nonce, _) = csrf.split_once('.').expect("a signed token");
+    let forged = format!("{nonce}.{}", "0".repeat(64));
+    let forged_cookie = format!("jobs_web_csrf={forged}");
+    let evil_forwarded = [
+        ("origin", "https://evil.example"),
+        ("x-forwarded-host", "evil.example"),
+    ];
+    let attempts: [(Option<&str>, _, Headers); 7] = [
         (None, form(&csrf), &[]),
-        (Some(&cookie), form("0123456789abcdef0123456789abcdef"), &[]),
+        (Some(&cookie), form(planted), &[]),
         (Some(&cookie), form(""), &[]),
         (Some(&cookie), form(&csrf), &evil),
+        (Some(&planted_cookie), form(planted), &[]),
+        (Some(&forged_cookie), form(&forged), &[]),
+        (Some(&cookie), form(&csrf), &evil_forwarded),
     ];
     for (cookie, form, headers) in attempts {
         let fields: Vec<(&str, &str)> =
@@ -662,4 +677,47 @@ async fn a_large_payload_is_cut_on_the_job_page_and_served_whole_apart(pool: PgP
         get(&app, "/jobs/424242/payload", None).await.status,
         StatusCode::NOT_FOUND
     );
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_planted_forgery_cookie_is_replaced_and_forwarded_hosts_count_only_when_trusted(
+    pool: PgPool,
+) {
+    // A page requested with a cookie the dashboard did not issue gets a token of its
+    // own, not the planted one.
+    let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    let app = app(&pool);
+    let page = get(
+        &app,
+        &format!("/jobs/{id}"),
+        Some("jobs_web_csrf=0123456789abcdef0123456789abcdef"),
+    )
+    .await;
+    let issued = page.cookie("jobs_web_csrf").expect("a fresh token");
+    assert_ne!(issued, "0123456789abcdef0123456789abcdef");
+    assert!(
+        page.body.contains(&format!("value=\"{issued}\"")),
+        "{}",
+        page.body
+    );
+
+    // Behind a proxy that rewrites Host and sets X-Forwarded-Host, told so.
+    let behind = Dashboard::new(pool.clone())
+        .trust_forwarded_host(true)
+        .router();
+    let (cookie, csrf) = session(&behind, "/").await;
+    let target = id.to_string();
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("action", "discard"),
+        ("target", target.as_str()),
+        ("confirmed", "yes"),
+    ];
+    let proxied = [
+        ("origin", "https://jobs.example.com"),
+        ("x-forwarded-host", "jobs.example.com"),
+    ];
+    let ok = post(&behind, "/action", &fields, Some(&cookie), &proxied).await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    assert_eq!(state_of(&pool, id).await, None, "discarded");
 }
