@@ -81,7 +81,7 @@
 //! | `retain = "7d"` | none | keep done rows this long (state `done`) instead of deleting them |
 //! | `every = "10m"` | none | periodic: one live job of the kind across all replicas, re-armed one period after each completion; the type implements `Default` and has no `key` |
 //! | `priority = 2` | 0 | the kind's default priority, 0 to 9 ([`MAX_PRIORITY`]): among the due jobs of the kind, a lower number is claimed first, then the earlier run-after, then the id; [`EnqueueOptions::priority`] overrides it for one job |
-//! | `cron = "0 3 * * *"` | none | scheduled: one live job of the kind across all replicas (as `every`: `Default`, no `key`), due at each fire time of the cron expression (five fields, six with seconds first, or `@daily` and the like); see [`CronSchedule`] |
+//! | `cron = "0 3 * * *"` | none | scheduled: one live job of the kind across all replicas (as `every`: `Default`, no `key`), due at each fire time of the cron expression (five fields, six with seconds first, or `@daily` and the like), following the zone's wall clock across daylight-saving changes; see [`CronSchedule`] |
 //! | `timezone = "Europe/Paris"` | `UTC` | the IANA time zone `cron` is read in; fire times follow its wall clock across daylight-saving changes |
 //!
 //! The settings end up in [`Job::CONFIG`] (a [`JobConfig`]):
