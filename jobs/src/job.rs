@@ -572,14 +572,15 @@ mod tests {
                 "11-02 02:30 +0100"
             ]
         );
-        // An hourly schedule through the repeated hour: 02:00 once.
+        // An hourly schedule through the repeated hour keeps its cadence: 02:00 twice,
+        // an hour apart in real time.
         assert_eq!(
             fires("0 * * * *", "2027-10-30T22:30:00Z", 4),
             [
                 "10-31 01:00 +0200",
                 "10-31 02:00 +0200",
-                "10-31 03:00 +0100",
-                "10-31 04:00 +0100"
+                "10-31 02:00 +0100",
+                "10-31 03:00 +0100"
             ]
         );
     }
