@@ -257,3 +257,26 @@ async fn migrating_a_migrated_database_logs_no_notice(pool: PgPool) {
         .unwrap();
     assert_eq!(level, "notice");
 }
+
+/// The library builds its migrator without sqlx's macros; it is the one sqlx's
+/// `migrate!` builds from the same files: versions, descriptions, SQL and checksums
+/// (a changed checksum would make every database that applied a migration refuse it).
+#[test]
+fn the_migrator_is_the_one_sqlx_migrate_builds() {
+    let ours: Vec<_> = jobs::MIGRATOR.iter().collect();
+    let macro_built = sqlx::migrate!("./migrations");
+    let theirs: Vec<_> = macro_built.iter().collect();
+    assert_eq!(ours.len(), theirs.len());
+    for (a, b) in ours.iter().zip(&theirs) {
+        assert_eq!(
+            (a.version, &a.description, a.migration_type, a.no_tx),
+            (b.version, &b.description, b.migration_type, b.no_tx)
+        );
+        assert_eq!(a.sql.as_str(), b.sql.as_str(), "{}", a.version);
+        assert_eq!(a.checksum, b.checksum, "{}", a.version);
+    }
+    assert!(
+        jobs::MIGRATOR.locking,
+        "concurrent migrations take sqlx's lock"
+    );
+}
