@@ -12,7 +12,7 @@ export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postg
 
 fresh() {
   psql -qX -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-  psql -qX -d "$db" -f ../jobs/migrations/0001_create_jobs.sql
+  psql -qX -d "$db" -f ../migrations/0001_create_jobs.sql
 }
 
 tps() { sed -n -E 's/^tps = ([0-9.]+).*/\1/p' | head -n 1; }

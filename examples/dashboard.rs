@@ -108,6 +108,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // The failing receipts are on purpose: only errors are printed.
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
         )
+        // Colours only on a terminal: not in a file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let url = std::env::var("JOBS_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/jobs_dashboard".to_owned());

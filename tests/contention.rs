@@ -979,26 +979,36 @@ async fn a_blocking_handler_keeps_its_lease(pool: PgPool) {
 
 /// A TCP proxy in front of PostgreSQL whose `blackhole` makes every connection open at
 /// that moment silent for good: nothing is forwarded any more and nothing is closed, as
-/// with a peer that vanished without a FIN. Later connections work.
+/// with a peer that vanished without a FIN. Later connections work. Dropping the proxy
+/// closes every connection it holds, the silent ones included: their server sessions
+/// end, and `#[sqlx::test]` can drop the test's database (a session still open in it
+/// made the drop fail, and the database of a passing test stayed behind).
 struct Blackhole {
     port: u16,
     epoch: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+    closed: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Blackhole {
     async fn start(target: (String, u16)) -> Blackhole {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let (epoch, _) = tokio::sync::watch::channel(0u64);
-        let epoch = std::sync::Arc::new(epoch);
-        let state = epoch.clone();
+        let epoch = std::sync::Arc::new(tokio::sync::watch::channel(0u64).0);
+        let closed = std::sync::Arc::new(tokio::sync::watch::channel(false).0);
+        let (state, stop) = (epoch.clone(), closed.clone());
         tokio::spawn(async move {
+            let mut stopping = stop.subscribe();
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    _ = closing(&mut stopping) => return,
+                };
+                let Ok((mut inbound, _)) = accepted else {
                     continue;
                 };
                 let target = target.clone();
                 let mut changed = state.subscribe();
+                let mut stopping = stop.subscribe();
                 tokio::spawn(async move {
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;
@@ -1006,19 +1016,36 @@ impl Blackhole {
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                         _ = changed.changed() => {
-                            // Keep both ends open, and forward nothing, forever.
+                            // Keep both ends open, and forward nothing, until the proxy
+                            // is dropped.
                             let _held = (inbound, outbound);
-                            std::future::pending::<()>().await;
+                            closing(&mut stopping).await;
                         }
+                        _ = closing(&mut stopping) => {}
                     }
                 });
             }
         });
-        Blackhole { port, epoch }
+        Blackhole {
+            port,
+            epoch,
+            closed,
+        }
     }
 
     fn blackhole(&self) {
         self.epoch.send_modify(|e| *e += 1);
+    }
+}
+
+/// Resolves when the proxy is dropped.
+async fn closing(closed: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = closed.wait_for(|closed| *closed).await;
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        self.closed.send_replace(true);
     }
 }
 
@@ -1067,4 +1094,9 @@ async fn a_silently_dead_connection_does_not_stall_claims(
     )
     .await;
     rt.stop().await;
+    // Close the silent connections (their sessions end on the server), then the pools,
+    // so that the test's database can be dropped.
+    drop(proxy);
+    proxied.close().await;
+    direct.close().await;
 }

@@ -722,3 +722,77 @@ async fn concurrent_unkeyed_batches_map_each_id_to_its_own_job(pool: PgPool) {
         }
     }
 }
+
+/// `n` printable ASCII characters that pglz cannot compress (a xorshift sequence).
+fn incompressible(n: usize, seed: u64) -> String {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'!' + (x % 94) as u8)
+        })
+        .collect()
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_key_longer_than_the_index_holds_is_refused_before_the_database(pool: PgPool) {
+    // The longest key allowed fits the unique index, even when it does not compress.
+    let longest = TextKey {
+        name: incompressible(jobs::MAX_KEY_BYTES, 7),
+        blob: String::new(),
+    };
+    longest.enqueue(&pool).await.unwrap();
+    // One that PostgreSQL refused with "index row size 3216 exceeds btree version 4
+    // maximum 2704" is refused here, naming the limit, and nothing is written.
+    for len in [jobs::MAX_KEY_BYTES + 1, 3_200] {
+        let err = TextKey {
+            name: incompressible(len, 11),
+            blob: String::new(),
+        }
+        .enqueue(&pool)
+        .await
+        .unwrap_err();
+        assert!(matches!(err, jobs::Error::InvalidInput(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("{len} bytes long")) && text.contains("up to 2000 bytes"),
+            "{text}"
+        );
+    }
+    let mut batch = EnqueueBatch::new();
+    let err = batch
+        .push(&TextKey {
+            name: incompressible(3_200, 13),
+            blob: String::new(),
+        })
+        .map(drop)
+        .unwrap_err();
+    assert!(matches!(err, jobs::Error::InvalidInput(_)), "{err:?}");
+    assert_eq!(common::count_kind(&pool, "test.text_key").await, 1);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_payload_over_the_limit_is_refused_at_enqueue(pool: PgPool) {
+    assert_eq!(jobs::max_payload_bytes(), 16 * 1024 * 1024, "the default");
+    let big = TextKey {
+        name: "big".into(),
+        blob: "x".repeat(jobs::DEFAULT_MAX_PAYLOAD_BYTES),
+    };
+    let err = big.enqueue(&pool).await.unwrap_err();
+    assert!(matches!(err, jobs::Error::InvalidInput(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("over the limit of 16777216 bytes")
+            && text.contains("jobs::set_max_payload_bytes"),
+        "{text}"
+    );
+    assert_eq!(common::count_kind(&pool, "test.text_key").await, 0);
+    // Just under the limit goes in.
+    let fits = TextKey {
+        name: "fits".into(),
+        blob: "x".repeat(jobs::DEFAULT_MAX_PAYLOAD_BYTES - 100),
+    };
+    fits.enqueue(&pool).await.unwrap();
+}

@@ -203,3 +203,80 @@ async fn migration_2_ends_the_unbounded_claims_of_the_old_transaction_mode(pool:
         .unwrap();
     assert!(expired, "the rescuer can take it back now");
 }
+
+/// The migrations live in the workspace's `migrations/`, and the library compiles in
+/// exactly those: `jobs/migrations` is a link to them (so that the published package
+/// carries them as files), not a second copy that could drift.
+#[test]
+fn the_library_compiles_in_the_workspace_migrations() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<String> = std::fs::read_dir(root.join("migrations"))
+        .expect("a top-level migrations/ folder")
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".sql"))
+        .collect();
+    files.sort();
+    let link = std::fs::read_link(root.join("jobs/migrations")).expect("jobs/migrations is a link");
+    assert_eq!(link, std::path::Path::new("../migrations"));
+    let compiled: Vec<String> = jobs::MIGRATOR
+        .iter()
+        .map(|m| format!("{:04}_{}.sql", m.version, m.description.replace(' ', "_")))
+        .collect();
+    assert_eq!(compiled, files);
+}
+
+/// Counts the server notices sqlx logs (target `sqlx::postgres::notice`) in this thread.
+#[derive(Clone, Default)]
+struct Notices(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() == "sqlx::postgres::notice" {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// A start on a migrated database logs nothing: sqlx's `CREATE TABLE IF NOT EXISTS` of
+/// the history table made the server say "relation \"_jobs_migrations\" already exists,
+/// skipping" at every start.
+#[sqlx::test(migrations = false)]
+async fn migrating_a_migrated_database_logs_no_notice(pool: PgPool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    jobs::migrate(&pool).await.unwrap();
+    let notices = Notices::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(notices.clone()));
+    jobs::migrate(&pool).await.unwrap();
+    jobs::migrate(&pool).await.unwrap();
+    assert_eq!(notices.0.load(std::sync::atomic::Ordering::Relaxed), 0);
+    // The pool's connections hear notices again afterwards.
+    let level: String = sqlx::query_scalar("SHOW client_min_messages")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(level, "notice");
+}
+
+/// The library builds its migrator without sqlx's macros; it is the one sqlx's
+/// `migrate!` builds from the same files: versions, descriptions, SQL and checksums
+/// (a changed checksum would make every database that applied a migration refuse it).
+#[test]
+fn the_migrator_is_the_one_sqlx_migrate_builds() {
+    let ours: Vec<_> = jobs::MIGRATOR.iter().collect();
+    let macro_built = sqlx::migrate!("./migrations");
+    let theirs: Vec<_> = macro_built.iter().collect();
+    assert_eq!(ours.len(), theirs.len());
+    for (a, b) in ours.iter().zip(&theirs) {
+        assert_eq!(
+            (a.version, &a.description, a.migration_type, a.no_tx),
+            (b.version, &b.description, b.migration_type, b.no_tx)
+        );
+        assert_eq!(a.sql.as_str(), b.sql.as_str(), "{}", a.version);
+        assert_eq!(a.checksum, b.checksum, "{}", a.version);
+    }
+    assert!(
+        jobs::MIGRATOR.locking,
+        "concurrent migrations take sqlx's lock"
+    );
+}

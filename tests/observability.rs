@@ -70,11 +70,11 @@ fn metric(all: &Metrics, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
         })
 }
 
-/// Records the fields of every `job` span when it closes.
+/// Records the fields of every `job` span when it closes, and of every warning.
 type SpanFields = Vec<(String, String)>;
 
 #[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<SpanFields>>>);
+struct Spans(Arc<Mutex<Vec<SpanFields>>>, Arc<Mutex<Vec<SpanFields>>>);
 
 struct Fields<'a>(&'a mut Vec<(String, String)>);
 
@@ -105,6 +105,13 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
             && let Some(fields) = span.extensions_mut().get_mut::<SpanFields>()
         {
             values.record(&mut Fields(fields));
+        }
+    }
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut fields = Vec::new();
+            event.record(&mut Fields(&mut fields));
+            self.1.lock().unwrap().push(fields);
         }
     }
     fn on_close(&self, id: tracing::Id, ctx: Context<'_, S>) {
@@ -204,6 +211,7 @@ async fn testing_helpers_span_and_metrics(pool: PgPool) {
     );
 
     // One span per run, with the job's fields and its outcome.
+    let spans_events = spans.1.clone();
     let spans = spans.0.lock().unwrap();
     let outcome_of = |fields: &Vec<(String, String)>, name: &str| {
         fields
@@ -237,4 +245,22 @@ async fn testing_helpers_span_and_metrics(pool: PgPool) {
             "obs.hopeless:failed"
         ]
     );
+
+    // A failed attempt's warning names the job itself: a subscriber that shows no span
+    // fields still says which job failed.
+    let warnings = spans_warnings(&spans_events);
+    let failed: Vec<String> = warnings
+        .iter()
+        .filter(|f| outcome_of(f, "message").as_deref() == Some("job failed"))
+        .map(|f| {
+            assert!(outcome_of(f, "job.id").is_some(), "{f:?}");
+            outcome_of(f, "job.kind").expect("job.kind on the event")
+        })
+        .collect();
+    assert_eq!(failed.len(), 3, "{warnings:?}");
+    assert_eq!(failed.iter().filter(|k| *k == "obs.hopeless").count(), 1);
+}
+
+fn spans_warnings(events: &Arc<Mutex<Vec<SpanFields>>>) -> Vec<SpanFields> {
+    events.lock().unwrap().clone()
 }

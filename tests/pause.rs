@@ -101,7 +101,7 @@ async fn a_runtime_started_while_its_only_kind_is_paused_waits_for_resume(pool: 
         .execute(&pool)
         .await
         .unwrap();
-    jobs::admin::pause(&pool, "pause.b").await.unwrap();
+    jobs::admin::pause_forced(&pool, "pause.b").await.unwrap();
     B {}.enqueue(&pool).await.unwrap();
     // A long poll: the resume's notification is what wakes it.
     let rt = Running::start(runtime(&pool, &["pause.b"]).poll_interval(Duration::from_secs(3600)));
@@ -110,4 +110,33 @@ async fn a_runtime_started_while_its_only_kind_is_paused_waits_for_resume(pool: 
     jobs::admin::resume(&pool, "pause.b").await.unwrap();
     wait_until("resumed at once", || async { runs(&pool, "b").await == 1 }).await;
     rt.stop().await;
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn pausing_a_kind_nobody_knows_is_refused_unless_forced(pool: PgPool) {
+    let err = jobs::admin::pause(&pool, "pause.typo").await.unwrap_err();
+    assert!(matches!(err, jobs::Error::InvalidInput(_)), "{err:?}");
+    assert!(
+        err.to_string().contains("no kind `pause.typo` here"),
+        "{err}"
+    );
+    assert!(jobs::admin::paused(&pool).await.unwrap().is_empty());
+    assert!(
+        jobs::admin::stats(&pool).await.unwrap().is_empty(),
+        "no phantom row"
+    );
+
+    // A job of the kind makes it known, whatever the job's state.
+    B {}.enqueue(&pool).await.unwrap();
+    assert!(jobs::admin::pause(&pool, "pause.b").await.unwrap());
+
+    assert!(
+        jobs::admin::pause_forced(&pool, "pause.typo")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !jobs::admin::pause(&pool, "pause.typo").await.unwrap(),
+        "already paused"
+    );
 }

@@ -4,6 +4,9 @@
 //! transaction-mode jobs included, exactly as often as it should, and enqueues and
 //! operators' calls in transactions work through it.
 //!
+//! Without PgBouncer the tests pass as skipped, saying so, unless `JOBS_REQUIRE_ALL_TESTS`
+//! is set (as `.ci/run` does): then they fail.
+//!
 //! PgBouncer 1.18 does not track prepared statements, so the named statements sqlx
 //! prepares by default would reach server connections that never saw them.
 
@@ -33,14 +36,38 @@ struct Bouncer {
 }
 
 impl Bouncer {
-    fn start(upstream: &PgConnectOptions) -> Bouncer {
-        let binary = std::env::var("JOBS_PGBOUNCER").unwrap_or_else(|_| {
-            ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+    /// PgBouncer's binary: `JOBS_PGBOUNCER`, or Debian's, or `pgbouncer` on the `PATH`.
+    /// `None` when it is missing and the test is to be skipped: it says so and how to
+    /// install it. Under `JOBS_REQUIRE_ALL_TESTS` (which `.ci/run` sets) a missing
+    /// binary fails the test instead, so that nothing is skipped there.
+    fn binary() -> Option<PathBuf> {
+        let found = match std::env::var_os("JOBS_PGBOUNCER") {
+            Some(named) => Some(PathBuf::from(named)).filter(|p| p.exists()),
+            None => ["/usr/sbin", "/usr/bin"]
                 .into_iter()
-                .find(|p| std::path::Path::new(p).exists())
-                .unwrap_or("pgbouncer")
-                .to_owned()
-        });
+                .map(PathBuf::from)
+                .chain(std::env::split_paths(
+                    &std::env::var_os("PATH").unwrap_or_default(),
+                ))
+                .map(|dir| dir.join("pgbouncer"))
+                .find(|p| p.exists()),
+        };
+        if found.is_none() {
+            let why = format!(
+                "PgBouncer is missing ({}): the tests behind a pooler need it \
+                 (`apt-get install pgbouncer`; .ci/run installs it), or JOBS_PGBOUNCER naming it",
+                std::env::var("JOBS_PGBOUNCER")
+                    .unwrap_or_else(|_| "not in /usr/sbin, /usr/bin or the PATH".to_owned())
+            );
+            if std::env::var("JOBS_REQUIRE_ALL_TESTS").is_ok_and(|v| !v.is_empty() && v != "0") {
+                panic!("{why} (JOBS_REQUIRE_ALL_TESTS is set: nothing may be skipped)");
+            }
+            println!("skipped: {why}");
+        }
+        found
+    }
+
+    fn start(binary: &std::path::Path, upstream: &PgConnectOptions) -> Bouncer {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -72,7 +99,9 @@ impl Bouncer {
                  pool_mode = transaction\n\
                  default_pool_size = {SERVER_CONNECTIONS}\n\
                  max_client_conn = 500\n\
-                 ignore_startup_parameters = extra_float_digits\n",
+                 ignore_startup_parameters = extra_float_digits\n\
+                 log_connections = 0\n\
+                 log_disconnections = 0\n",
                 host = upstream.get_host(),
                 upstream_port = upstream.get_port(),
                 users = dir.join("users.txt").display(),
@@ -83,7 +112,7 @@ impl Bouncer {
             .arg("-u")
             .output()
             .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-        let mut command = Command::new(&binary);
+        let mut command = Command::new(binary);
         if root {
             command.args(["-u", "postgres"]);
         }
@@ -93,7 +122,7 @@ impl Bouncer {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap_or_else(|e| {
-                panic!("cannot start {binary} ({e}): install Debian's `pgbouncer` package, or name the binary in JOBS_PGBOUNCER")
+                panic!("cannot start {} ({e}): install Debian's `pgbouncer` package, or name the binary in JOBS_PGBOUNCER", binary.display())
             });
         Bouncer { child, dir, port }
     }
@@ -244,12 +273,15 @@ async fn off(direct: &PgPool, note: &str, attempts: i32) -> Vec<i64> {
 async fn a_runtime_behind_pgbouncer_in_transaction_mode_runs_every_job_as_often_as_it_should(
     direct: PgPool,
 ) {
+    let Some(binary) = Bouncer::binary() else {
+        return;
+    };
     use tracing_subscriber::layer::SubscriberExt;
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(CountTrouble))
         .expect("the first subscriber of this test");
     runs_table(&direct).await;
     jobs::behind_transaction_pooler();
-    let bouncer = Bouncer::start(&direct.connect_options());
+    let bouncer = Bouncer::start(&binary, &direct.connect_options());
     let pool = through(&bouncer, &direct, 10).await;
 
     // The pooler multiplexes: ten clients in transactions at once share two servers.
@@ -340,8 +372,11 @@ async fn a_runtime_behind_pgbouncer_in_transaction_mode_runs_every_job_as_often_
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn enqueues_and_operators_calls_in_transactions_work_through_pgbouncer(direct: PgPool) {
+    let Some(binary) = Bouncer::binary() else {
+        return;
+    };
     jobs::behind_transaction_pooler();
-    let bouncer = Bouncer::start(&direct.connect_options());
+    let bouncer = Bouncer::start(&binary, &direct.connect_options());
     let pool = through(&bouncer, &direct, 4).await;
 
     // Many clients at once, each enqueueing and reading in its own transactions.

@@ -1071,7 +1071,8 @@ async fn odd(job: Odd, ctx: JobContext) -> Result<(), JobError> {
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn large_payload_and_unusual_kind_run(pool: PgPool) {
     setup(&pool).await;
-    let big = "x".repeat(20 * 1024 * 1024);
+    // As large as an enqueue takes (jobs::DEFAULT_MAX_PAYLOAD_BYTES, 16 MiB of JSON).
+    let big = "x".repeat(jobs::DEFAULT_MAX_PAYLOAD_BYTES - 1024);
     let id = Odd { blob: big.clone() }.enqueue(&pool).await.unwrap().id;
     Odd {
         blob: "small".into(),

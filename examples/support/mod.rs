@@ -28,6 +28,7 @@ pub async fn connect() -> Result<PgPool, BoxError> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let url = std::env::var("JOBS_DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
     if !Postgres::database_exists(&url).await? {

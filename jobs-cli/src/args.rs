@@ -102,8 +102,12 @@ pub enum Command {
     /// Stop every runtime claiming a kind (within its poll interval); running jobs
     /// finish, enqueues go on.
     Pause {
-        /// The kind.
+        /// The kind: one that a runtime has declared or a job carries, unless --force.
         kind: String,
+        /// Pause it even if no runtime has declared it and no job carries it (a kind
+        /// still to be deployed).
+        #[arg(long)]
+        force: bool,
     },
     /// Let runtimes claim a paused kind again.
     Resume {
@@ -127,6 +131,11 @@ pub enum Command {
         /// Show only: no button changes anything.
         #[arg(long)]
         read_only: bool,
+        /// Behind a reverse proxy that rewrites Host and sets X-Forwarded-Host itself:
+        /// trust that header in the origin check of every change (any client can send
+        /// it, so it counts for nothing unless set).
+        #[arg(long)]
+        trust_forwarded_host: bool,
         /// Database connections the dashboard may hold.
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
         pool_size: u32,

@@ -84,6 +84,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         listen,
         token,
         read_only,
+        trust_forwarded_host,
         pool_size,
     } = cli.command
     {
@@ -92,7 +93,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             cli.connect_timeout,
             listen,
             token,
-            read_only,
+            (read_only, trust_forwarded_host),
             pool_size,
         )
         .await;
@@ -109,7 +110,7 @@ async fn web(
     timeout: Duration,
     listen: std::net::SocketAddr,
     token: Option<String>,
-    read_only: bool,
+    (read_only, trust_forwarded_host): (bool, bool),
     pool_size: u32,
 ) -> Result<(), Failure> {
     let token = token.filter(|t| !t.is_empty());
@@ -126,7 +127,9 @@ async fn web(
         .max_connections(pool_size)
         .acquire_timeout(timeout)
         .connect_lazy_with(options);
-    let mut dashboard = jobs_web::Dashboard::new(pool).read_only(read_only);
+    let mut dashboard = jobs_web::Dashboard::new(pool)
+        .read_only(read_only)
+        .trust_forwarded_host(trust_forwarded_host);
     if let Some(token) = token {
         dashboard = dashboard.token(token);
     }
@@ -343,7 +346,14 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
                 print(&output::runtimes_table(&runtimes));
             }
         }
-        Command::Pause { kind } => act(conn, Action::Pause(kind)).await?,
+        Command::Pause { kind, force: false } => act(conn, Action::Pause(kind)).await?,
+        Command::Pause { kind, force: true } => {
+            let running = jobs::admin::pause_forced(&mut *conn, &kind).await?;
+            print(&format!(
+                "{}\n",
+                output::clean(&jobs_web::pause_outcome(&kind, running))
+            ));
+        }
         Command::Resume { kind } => act(conn, Action::Resume(kind)).await?,
         Command::Discard { id } => act(conn, Action::Discard(id)).await?,
         Command::Web { .. } => unreachable!("served by `web`, before a connection is opened"),

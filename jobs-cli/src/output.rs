@@ -118,10 +118,17 @@ fn cut(text: &str, max: usize) -> String {
 
 /// What kind of failure a job's last error records, from the prefix the runtime writes
 /// (`permanent: `, `timed out after`, `handler panicked: `, `lease expired: `) and, for
-/// a plain error, whether the attempts ran out.
+/// a plain error, whether the attempts ran out; a cancelled job says who cancelled it.
 pub fn failure_kind(job: &JobRow) -> Option<&'static str> {
     let error = job.last_error.as_deref()?;
-    Some(if error.starts_with("permanent: ") {
+    Some(if job.state == jobs::admin::JobState::Cancelled {
+        // An operator's cancel writes this message; a handler's own starts `cancelled: `.
+        if error == "cancelled by an operator" {
+            "cancelled by an operator"
+        } else {
+            "cancelled by its handler"
+        }
+    } else if error.starts_with("permanent: ") {
         if error.contains("does not deserialize") {
             "permanent (the payload does not deserialize)"
         } else {
@@ -257,7 +264,17 @@ pub fn job_detail(job: &JobRow) -> String {
     }
     if !job.errors.is_empty() {
         let _ = writeln!(out, "attempt history ({}, oldest first)", job.errors.len());
+        let mut previous = 0;
         for e in &job.errors {
+            // An operator's retry (or a new request coalesced into the job) gives it a
+            // fresh attempt budget: its attempts count from 1 again.
+            if e.attempt <= previous {
+                let _ = writeln!(
+                    out,
+                    "  -- attempts counted from 1 again: retried, or a new request --"
+                );
+            }
+            previous = e.attempt;
             let runtime = e
                 .runtime
                 .map_or_else(|| "-".to_owned(), |r| r.to_string()[..8].to_owned());

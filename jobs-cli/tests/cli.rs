@@ -246,6 +246,48 @@ async fn unknown_id_fails_with_a_clear_message(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn pause_refuses_a_kind_nobody_declared_unless_forced(pool: PgPool) {
+    let url = url_of(&pool);
+    let out = jobs(&url, &["pause", "no.such.kind"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "error: no kind `no.such.kind` here: no runtime has declared it and no job carries it \
+         (a typo?); pause it anyway with `jobsctl pause --force` or jobs::admin::pause_forced\n"
+    );
+    // Nothing written: no phantom row in stats.
+    assert_eq!(stdout(&jobs(&url, &["stats"]).await), "no jobs\n");
+
+    // A kind a runtime declared, or a job carries, pauses.
+    sqlx::query(
+        "INSERT INTO jobs_runtimes (id, host, pid, version, kinds, concurrency)
+         VALUES (gen_random_uuid(), 'h', 1, '0', ARRAY['declared.kind'], 4)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    insert(&pool, "carried.kind", "done", None).await;
+    for kind in ["declared.kind", "carried.kind"] {
+        let out = jobs(&url, &["pause", kind]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(
+            stdout(&out),
+            format!("kind `{kind}` paused: runtimes stop claiming it within their poll interval\n")
+        );
+    }
+
+    let out = jobs(&url, &["pause", "--force", "no.such.kind"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "kind `no.such.kind` paused: runtimes stop claiming it within their poll interval\n"
+    );
+    // Paused now, so known: pausing it again says so, without --force.
+    let out = jobs(&url, &["pause", "no.such.kind"]).await;
+    assert_eq!(stdout(&out), "kind `no.such.kind` was already paused\n");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn usage_errors_exit_2(pool: PgPool) {
     let url = url_of(&pool);
     for args in [
@@ -413,6 +455,50 @@ async fn show_prints_the_attempt_history(pool: PgPool) {
     assert_eq!(job["errors"][1]["attempt"], 2);
     assert!(job["errors"][1]["runtime"].is_null());
     assert!(job["checkpoint"].is_null());
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn show_tells_a_cancel_from_a_failure_and_marks_retries_in_the_history(pool: PgPool) {
+    let url = url_of(&pool);
+    let by_operator = insert(&pool, "c", "pending", None).await;
+    jobs(&url, &["cancel", &by_operator.to_string()]).await;
+    let by_handler = insert(
+        &pool,
+        "c",
+        "cancelled",
+        Some("cancelled: the order was withdrawn"),
+    )
+    .await;
+    for (id, said) in [
+        (by_operator, "cancelled by an operator"),
+        (by_handler, "cancelled by its handler"),
+    ] {
+        let text = stdout(&jobs(&url, &["show", &id.to_string()]).await);
+        assert!(text.contains(&format!("failure       {said}\n")), "{text}");
+        assert!(!text.contains("failure       error"), "{text}");
+    }
+
+    // Two operator retries: the attempts count from 1 three times, and the history
+    // says where each count starts again.
+    let id = insert(&pool, "h", "failed", Some("smtp down")).await;
+    sqlx::query(
+        "UPDATE jobs SET errors = jsonb_build_array( \
+           jsonb_build_object('attempt', 1, 'at', now(), 'kind', 'error', 'message', 'smtp down'), \
+           jsonb_build_object('attempt', 1, 'at', now(), 'kind', 'error', 'message', 'smtp down'), \
+           jsonb_build_object('attempt', 1, 'at', now(), 'kind', 'error', 'message', 'smtp down')) \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let text = stdout(&jobs(&url, &["show", &id.to_string()]).await);
+    assert_eq!(
+        text.matches("-- attempts counted from 1 again: retried, or a new request --")
+            .count(),
+        2,
+        "{text}"
+    );
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]

@@ -12,6 +12,8 @@ pub(crate) struct Millis {
     pub value: u64,
     /// The string it was written as.
     pub span: Span,
+    /// Its text, as written (`"10m"`), for messages in the user's own units.
+    pub text: String,
 }
 
 /// The lease setting.
@@ -366,6 +368,7 @@ fn duration(value: &Expr, key: &str, errors: &mut Errors) -> Option<Millis> {
             Ok(value) => Some(Millis {
                 value,
                 span: lit.span(),
+                text: lit.value().trim().to_owned(),
             }),
             Err(msg) => {
                 errors.push(syn::Error::new(lit.span(), msg));

@@ -4,7 +4,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::{Data, DeriveInput, Fields, LitStr};
 
-use crate::attr::{self, Errors, JobAttr, Lease};
+use crate::attr::{self, Errors, JobAttr, Lease, Millis};
 
 pub(crate) fn expand(input: &DeriveInput) -> TokenStream {
     let mut errors = Errors::default();
@@ -40,10 +40,19 @@ fn check_durations(attr: &JobAttr, errors: &mut Errors) {
             .as_ref()
             .or(attr.backoff.as_ref())
             .map_or_else(Span::call_site, |b| b.span);
+        // In the units the user wrote (or the defaults'), not in milliseconds.
+        let written = |d: Option<&Millis>, default: &str| {
+            d.map_or_else(
+                || format!("\"{default}\", the default"),
+                |d| format!("\"{}\"", d.text),
+            )
+        };
         errors.push(syn::Error::new(
             span,
             format!(
-                "`backoff` ({backoff} ms) is longer than `max_backoff` ({max_backoff} ms): the first retry would already wait past the cap; lower `backoff` or raise `max_backoff` (defaults: backoff = \"1s\", max_backoff = \"1h\")"
+                "`backoff` ({}) is longer than `max_backoff` ({}): the first retry would already wait past the cap; lower `backoff` or raise `max_backoff` (defaults: backoff = \"1s\", max_backoff = \"1h\")",
+                written(attr.backoff.as_ref(), "1s"),
+                written(attr.max_backoff.as_ref(), "1h"),
             ),
         ));
     }
@@ -53,8 +62,8 @@ fn check_durations(attr: &JobAttr, errors: &mut Errors) {
         errors.push(syn::Error::new(
             lease.span,
             format!(
-                "a lease of {} ms is too short to keep: the runtime renews it every third of a lease and each renewal must answer within half of one; use at least lease = \"500ms\"",
-                lease.value
+                "a lease of \"{}\" is too short to keep: the runtime renews it every third of a lease and each renewal must answer within half of one; use at least lease = \"500ms\"",
+                lease.text
             ),
         ));
     }

@@ -15,7 +15,8 @@ pub enum Action {
     Cancel(i64),
     /// Delete the failed job ([`admin::discard`]).
     Discard(i64),
-    /// Stop claiming the kind ([`admin::pause`]).
+    /// Stop claiming the kind ([`admin::pause`]: refused for a kind no runtime has
+    /// declared and no job carries).
     Pause(String),
     /// Claim the kind again ([`admin::resume`]).
     Resume(String),
@@ -145,15 +146,12 @@ pub async fn perform(conn: &mut PgConnection, action: &Action) -> Result<String,
                 Err(e) => return Err(e.into()),
             }
         }
-        Action::Pause(kind) => {
-            if admin::pause(&mut *conn, kind).await? {
-                format!(
-                    "kind `{kind}` paused: runtimes stop claiming it within their poll interval"
-                )
-            } else {
-                format!("kind `{kind}` was already paused")
-            }
-        }
+        Action::Pause(kind) => match admin::pause(&mut *conn, kind).await {
+            Ok(running) => pause_outcome(kind, running),
+            // A kind no runtime declared and no job carries (a typo, most likely).
+            Err(jobs::Error::InvalidInput(message)) => return Err(ActionError::Refused(message)),
+            Err(e) => return Err(e.into()),
+        },
         Action::Resume(kind) => {
             if admin::resume(&mut *conn, kind).await? {
                 format!("kind `{kind}` resumed")
@@ -162,6 +160,16 @@ pub async fn perform(conn: &mut PgConnection, action: &Action) -> Result<String,
             }
         }
     })
+}
+
+/// What a pause of `kind` says it did (`running`: whether the kind was running before),
+/// in the words the dashboard and `jobsctl` share.
+pub fn pause_outcome(kind: &str, running: bool) -> String {
+    if running {
+        format!("kind `{kind}` paused: runtimes stop claiming it within their poll interval")
+    } else {
+        format!("kind `{kind}` was already paused")
+    }
 }
 
 /// "no `wanted` job with id N", and what the job is instead, if it exists.

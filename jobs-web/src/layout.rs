@@ -103,14 +103,26 @@ pub(crate) async fn not_found(ctx: Option<Extension<Ctx>>) -> Response {
 }
 
 /// A database failure as a page (the pool waits out short outages; this is what is
-/// left).
-pub(crate) fn database_error(ctx: &Ctx, e: impl std::fmt::Display) -> Response {
+/// left). A database without the job table, or with an older one (a table of a later
+/// migration missing), says what to run instead.
+pub(crate) fn database_error(ctx: &Ctx, e: jobs::Error) -> Response {
     tracing::warn!(error = %e, "dashboard query failed");
-    error(
-        ctx,
-        StatusCode::SERVICE_UNAVAILABLE,
-        &format!("The database did not answer: {e}"),
-    )
+    let unmigrated = match &e {
+        jobs::Error::Schema(_) => true,
+        // undefined_table: one of the tables a later migration adds
+        jobs::Error::Database(sqlx::Error::Database(db)) => db.code().as_deref() == Some("42P01"),
+        _ => false,
+    };
+    let message = if unmigrated {
+        format!(
+            "This database has no job table, or an older one than this dashboard reads: \
+             create or upgrade it with `jobsctl migrate` against this database (or call \
+             `jobs::migrate(&pool)` at the start of your application). ({e})"
+        )
+    } else {
+        format!("The database did not answer: {e}")
+    };
+    error(ctx, StatusCode::SERVICE_UNAVAILABLE, &message)
 }
 
 /// `t` as an absolute UTC time, to the second.
@@ -185,10 +197,33 @@ pub(crate) fn action_form(ctx: &Ctx, action: &crate::Action) -> Markup {
     }
 }
 
-/// Inline JSON, pretty-printed and escaped.
-pub(crate) fn json_block(value: &serde_json::Value) -> Markup {
+/// How much of a payload or checkpoint a page shows: 16 KiB of its indented JSON. A page
+/// refreshes every few seconds; a 20 MB payload rendered whole each time made the job's
+/// page unusable.
+pub(crate) const JSON_SHOWN_BYTES: usize = 16 * 1024;
+
+/// `value` as indented JSON, escaped, at most `cap` bytes of it; what is cut off is
+/// counted, and `whole` links to all of it.
+pub(crate) fn json_block_capped(
+    value: &serde_json::Value,
+    cap: usize,
+    whole: Option<&str>,
+) -> Markup {
     let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
-    html! { pre.json { code { (text) } } }
+    if text.len() <= cap {
+        return html! { pre.json { code { (text) } } };
+    }
+    let mut at = cap;
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    html! {
+        pre.json { code { (&text[..at]) " …" } }
+        p.muted.small.cut {
+            (text.len() - at) " more bytes not shown"
+            @if let Some(href) = whole { " · " a href=(href) { "the whole JSON (" (text.len()) " bytes)" } }
+        }
+    }
 }
 
 /// An em dash for an absent value.

@@ -39,7 +39,7 @@ use axum::Router;
 use axum::routing::{get, post};
 use sqlx::PgPool;
 
-pub use actions::{Action, ActionError, perform};
+pub use actions::{Action, ActionError, pause_outcome, perform};
 pub use queries::COUNT_CAP;
 
 /// The dashboard's settings; [`router`](Dashboard::router) turns them into routes.
@@ -49,6 +49,8 @@ pub struct Dashboard {
     read_only: bool,
     token: Option<String>,
     refresh_seconds: u32,
+    trust_forwarded_host: bool,
+    csrf_key: security::CsrfKey,
 }
 
 impl std::fmt::Debug for Dashboard {
@@ -57,6 +59,7 @@ impl std::fmt::Debug for Dashboard {
             .field("read_only", &self.read_only)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("refresh_seconds", &self.refresh_seconds)
+            .field("trust_forwarded_host", &self.trust_forwarded_host)
             .finish_non_exhaustive()
     }
 }
@@ -70,6 +73,8 @@ impl Dashboard {
             read_only: false,
             token: None,
             refresh_seconds: 5,
+            trust_forwarded_host: false,
+            csrf_key: security::CsrfKey::random(),
         }
     }
 
@@ -94,6 +99,16 @@ impl Dashboard {
         self
     }
 
+    /// Trusts the `X-Forwarded-Host` header in the origin check of every POST (off
+    /// unless set). Turn it on only behind a reverse proxy that rewrites `Host` and
+    /// sets this header itself, overwriting what the client sent: any client can send
+    /// it, so without such a proxy it would let a page of another site name itself as
+    /// the dashboard's host.
+    pub fn trust_forwarded_host(mut self, trust: bool) -> Self {
+        self.trust_forwarded_host = trust;
+        self
+    }
+
     /// The dashboard's routes, to serve or to [`nest`](axum::Router::nest) under a
     /// path of the application's.
     pub fn router(self) -> Router {
@@ -102,6 +117,7 @@ impl Dashboard {
             .route("/", get(pages::overview::page))
             .route("/jobs", get(pages::jobs::page))
             .route("/jobs/{id}", get(pages::job::page))
+            .route("/jobs/{id}/payload", get(pages::job::payload))
             .route("/assets/{file}", get(layout::asset))
             .route("/login", get(pages::login::form).post(pages::login::submit));
         if !state.read_only {

@@ -23,7 +23,7 @@ async fn the_overview_counts_each_kind_by_state(pool: PgPool) {
     insert(&pool, "mail.send", "done", None).await;
     insert(&pool, "report.build", "running", None).await;
     insert(&pool, "report.build", "cancelled", None).await;
-    jobs::admin::pause(&pool, "idle.kind").await.unwrap();
+    jobs::admin::pause_forced(&pool, "idle.kind").await.unwrap();
     sqlx::query(
         "INSERT INTO jobs_runtimes (id, host, pid, version, kinds, concurrency)
          VALUES (gen_random_uuid(), 'h', 1, '0', ARRAY['mail.send', 'new.kind'], 4)",
@@ -365,11 +365,26 @@ async fn a_forged_request_changes_nothing(pool: PgPool) {
     // not the cookie's, no token at all, and the right token from another origin.
     type Headers<'a> = &'a [(&'a str, &'a str)];
     let evil = [("origin", "https://evil.example")];
-    let attempts: [(Option<&str>, _, Headers); 4] = [
+    // A cookie the dashboard did not issue (planted from a sibling subdomain, say) with
+    // the same value in the form; and a client naming the other site as the forwarded
+    // host, which the dashboard does not trust unless told.
+    let planted = "0123456789abcdef0123456789abcdef";
+    let planted_cookie = format!("jobs_web_csrf={planted}");
+    let (nonce, _) = csrf.split_once('.').expect("a signed token");
+    let forged = format!("{nonce}.{}", "0".repeat(64));
+    let forged_cookie = format!("jobs_web_csrf={forged}");
+    let evil_forwarded = [
+        ("origin", "https://evil.example"),
+        ("x-forwarded-host", "evil.example"),
+    ];
+    let attempts: [(Option<&str>, _, Headers); 7] = [
         (None, form(&csrf), &[]),
-        (Some(&cookie), form("0123456789abcdef0123456789abcdef"), &[]),
+        (Some(&cookie), form(planted), &[]),
         (Some(&cookie), form(""), &[]),
         (Some(&cookie), form(&csrf), &evil),
+        (Some(&planted_cookie), form(planted), &[]),
+        (Some(&forged_cookie), form(&forged), &[]),
+        (Some(&cookie), form(&csrf), &evil_forwarded),
     ];
     for (cookie, form, headers) in attempts {
         let fields: Vec<(&str, &str)> =
@@ -577,4 +592,132 @@ async fn the_chart_adds_up_the_throughput_history_of_its_range(pool: PgPool) {
     // An unknown range falls back to the default.
     let odd = get(&app, "/?hours=5", None).await;
     assert!(odd.body.contains("In all: 15 succeeded, 1 failed."));
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_unmigrated_database_says_what_to_run(pool: PgPool) {
+    let app = app(&pool);
+    for path in ["/", "/jobs", "/jobs?state=failed", "/jobs/1"] {
+        let page = get(&app, path, None).await;
+        assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        assert!(
+            page.body.contains("<code>jobsctl migrate</code>")
+                || page.body.contains("`jobsctl migrate`"),
+            "{path}: {}",
+            page.body
+        );
+        assert!(!page.body.contains("did not answer"), "{path}");
+    }
+    // Half-way: the job table without the tables of later migrations.
+    sqlx::raw_sql(include_str!("../../migrations/0001_create_jobs.sql"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let page = get(&app, "/", None).await;
+    assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(page.body.contains("`jobsctl migrate`"), "{}", page.body);
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_job_page_marks_where_a_retry_restarted_the_attempts(pool: PgPool) {
+    let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    sqlx::query(
+        "UPDATE jobs SET errors = jsonb_build_array( \
+           jsonb_build_object('attempt', 1, 'at', now(), 'kind', 'error', 'message', 'a'), \
+           jsonb_build_object('attempt', 2, 'at', now(), 'kind', 'error', 'message', 'b'), \
+           jsonb_build_object('attempt', 1, 'at', now(), 'kind', 'error', 'message', 'c')) \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let page = get(&app(&pool), &format!("/jobs/{id}"), None).await;
+    assert_eq!(
+        page.body.matches("Attempts counted from 1 again").count(),
+        1,
+        "{}",
+        page.body
+    );
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_large_payload_is_cut_on_the_job_page_and_served_whole_apart(pool: PgPool) {
+    let blob = "y".repeat(2 * 1024 * 1024);
+    let id = insert_with(
+        &pool,
+        "mail.send",
+        None,
+        "failed",
+        Some("too big"),
+        serde_json::json!({ "blob": blob }),
+    )
+    .await;
+    let app = app(&pool);
+    let page = get(&app, &format!("/jobs/{id}"), None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.len() < 64 * 1024, "{} bytes", page.body.len());
+    assert!(
+        page.body.contains("more bytes not shown"),
+        "{}",
+        &page.body[..2000]
+    );
+    let href = format!("/jobs/{id}/payload");
+    assert!(page.body.contains(&format!("href=\"{href}\"")));
+    let whole = get(&app, &href, None).await;
+    assert_eq!(whole.status, StatusCode::OK);
+    let value: serde_json::Value = serde_json::from_str(&whole.body).unwrap();
+    assert_eq!(value["blob"].as_str().map(str::len), Some(blob.len()));
+
+    // A small payload is shown whole, with no link.
+    let small = insert(&pool, "mail.send", "failed", Some("x")).await;
+    let page = get(&app, &format!("/jobs/{small}"), None).await;
+    assert!(!page.body.contains("more bytes not shown"));
+    assert_eq!(
+        get(&app, "/jobs/424242/payload", None).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_planted_forgery_cookie_is_replaced_and_forwarded_hosts_count_only_when_trusted(
+    pool: PgPool,
+) {
+    // A page requested with a cookie the dashboard did not issue gets a token of its
+    // own, not the planted one.
+    let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    let app = app(&pool);
+    let page = get(
+        &app,
+        &format!("/jobs/{id}"),
+        Some("jobs_web_csrf=0123456789abcdef0123456789abcdef"),
+    )
+    .await;
+    let issued = page.cookie("jobs_web_csrf").expect("a fresh token");
+    assert_ne!(issued, "0123456789abcdef0123456789abcdef");
+    assert!(
+        page.body.contains(&format!("value=\"{issued}\"")),
+        "{}",
+        page.body
+    );
+
+    // Behind a proxy that rewrites Host and sets X-Forwarded-Host, told so.
+    let behind = Dashboard::new(pool.clone())
+        .trust_forwarded_host(true)
+        .router();
+    let (cookie, csrf) = session(&behind, "/").await;
+    let target = id.to_string();
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("action", "discard"),
+        ("target", target.as_str()),
+        ("confirmed", "yes"),
+    ];
+    let proxied = [
+        ("origin", "https://jobs.example.com"),
+        ("x-forwarded-host", "jobs.example.com"),
+    ];
+    let ok = post(&behind, "/action", &fields, Some(&cookie), &proxied).await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    assert_eq!(state_of(&pool, id).await, None, "discarded");
 }

@@ -6,7 +6,7 @@
 //! runtime racing for one row never both win. Times are the database clock's.
 //!
 //! ```no_run
-//! # async fn demo(pool: sqlx::PgPool) -> Result<(), jobs::Error> {
+//! # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
 //! use jobs::admin::{self, JobState, ListFilter};
 //!
 //! for job in admin::list(&pool, &ListFilter::new().state(JobState::Failed).limit(20)).await? {
@@ -537,6 +537,25 @@ impl ListFilter {
 }
 
 /// Lists the jobs that `filter` selects, one page.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// use jobs::admin::{self, JobState, ListFilter};
+///
+/// // The failed jobs of a kind, 50 at a time, newest first.
+/// let mut filter = ListFilter::new().state(JobState::Failed).kind("email.send").limit(50);
+/// loop {
+///     let page = admin::list(&pool, &filter).await?;
+///     for job in &page {
+///         println!("{} {:?}", job.id, job.last_error);
+///     }
+///     match page.last() {
+///         Some(last) if page.len() == 50 => filter = filter.after(last.id),
+///         _ => break,
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 pub async fn list<'e, E>(executor: E, filter: &ListFilter) -> Result<Vec<JobRow>, Error>
 where
     E: PgExecutor<'e>,
@@ -562,6 +581,17 @@ where
 }
 
 /// The job `id`, in whatever state, or `None` when no row has that id.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// if let Some(job) = jobs::admin::get(&pool, 42).await? {
+///     println!("{} is {}, attempt {}/{}", job.kind, job.state, job.attempts, job.max_attempts);
+///     for error in &job.errors {
+///         println!("  #{} {}", error.attempt, error.message);
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 pub async fn get<'e, E>(executor: E, id: i64) -> Result<Option<JobRow>, Error>
 where
     E: PgExecutor<'e>,
@@ -597,6 +627,18 @@ pub enum Retried {
 /// this statement runs, PostgreSQL refuses the retry with a unique violation on
 /// `jobs_live_key` ([`Error::Database`]; see [`is_live_key_conflict`]): run it again and
 /// it merges into that new job.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// use jobs::admin::{self, Retried};
+///
+/// match admin::retry(&pool, 42).await? {
+///     Retried::Pending => println!("job 42 is pending again"),
+///     Retried::Merged { live_id } => println!("job {live_id} covers job 42"),
+///     _ => {}
+/// }
+/// # Ok(()) }
+/// ```
 pub async fn retry<'e, E>(executor: E, id: i64) -> Result<Retried, Error>
 where
     E: PgExecutor<'e>,
@@ -636,6 +678,13 @@ impl RetriedKind {
 /// [`retry`], except those a job of the same key covers (see [`RetriedKind::merged`]).
 ///
 /// The race described at [`retry`] fails the whole statement; run it again.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// let done = jobs::admin::retry_kind(&pool, "email.send").await?;
+/// println!("{} retried, {} covered by a live job of their key", done.retried, done.merged);
+/// # Ok(()) }
+/// ```
 pub async fn retry_kind<'e, E>(executor: E, kind: &str) -> Result<RetriedKind, Error>
 where
     E: PgExecutor<'e>,
@@ -685,6 +734,19 @@ pub enum Cancelled {
 /// [`Error::NotFound`] when no live job has this id (a job that completes at the same
 /// instant is not cancelled: the cancel waits for the completion's lock and then finds
 /// it done).
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// use jobs::admin::{self, Cancelled};
+///
+/// match admin::cancel(&pool, 42).await {
+///     Ok(Cancelled::Running) => println!("cancelled while running"),
+///     Ok(_) => println!("cancelled"),
+///     Err(jobs::Error::NotFound(id)) => println!("no live job {id}"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(()) }
+/// ```
 pub async fn cancel<'e, E>(executor: E, id: i64) -> Result<Cancelled, Error>
 where
     E: PgExecutor<'e>,
@@ -703,6 +765,12 @@ where
 /// Deletes the failed job `id` and its error.
 ///
 /// [`Error::NotFound`] when no failed job has this id.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// jobs::admin::discard(&pool, 42).await?; // Error::NotFound unless job 42 is failed
+/// # Ok(()) }
+/// ```
 pub async fn discard<'e, E>(executor: E, id: i64) -> Result<(), Error>
 where
     E: PgExecutor<'e>,
@@ -750,6 +818,18 @@ impl KindStats {
 /// Counts per kind (in kind order) of pending (ready and scheduled), running, done and
 /// failed jobs, with each kind's lag and whether it is paused. Kinds with no rows are
 /// absent unless paused.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// for kind in jobs::admin::stats(&pool).await? {
+///     println!(
+///         "{}: {} ready, {} failed, lag {:?}{}",
+///         kind.kind, kind.ready, kind.failed, kind.lag,
+///         if kind.paused { " (paused)" } else { "" },
+///     );
+/// }
+/// # Ok(()) }
+/// ```
 pub async fn stats<'e, E>(executor: E) -> Result<Vec<KindStats>, Error>
 where
     E: PgExecutor<'e>,
@@ -785,6 +865,16 @@ where
 /// each row deleted by exactly one of them. `conn` is a pool (`&pool`, one connection is
 /// taken for the whole prune), a connection or a transaction (then every batch is part
 /// of it, and its locks are held until it ends).
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// use std::time::Duration;
+///
+/// // Done jobs of every kind finished more than a week ago, 1,000 rows per statement.
+/// let deleted = jobs::admin::prune(&pool, None, Duration::from_secs(7 * 86_400), 1000).await?;
+/// println!("{deleted} done jobs deleted");
+/// # Ok(()) }
+/// ```
 pub async fn prune<'a, A>(
     conn: A,
     kind: Option<&str>,
@@ -870,13 +960,32 @@ fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
-/// Pauses `$1`, and notifies the runtimes (channel `jobs_paused`) so that they read the
-/// paused kinds again at once. Index: the primary key of `jobs_paused`.
+/// Pauses `$1` if it is a known kind or `$2` (force) is true, and notifies the runtimes
+/// (channel `jobs_paused`) so that they read the paused kinds again at once. Returns
+/// whether the kind is known, and how many rows it inserted (0 or 1).
+///
+/// A kind is known when a registered runtime claims it (`jobs_runtimes.kinds`), a job
+/// of any state carries it, or it is paused already. Indexes: the kind-led partial
+/// index of each state (`jobs_claim`, `jobs_running`, `jobs_failed`, `jobs_done`,
+/// `jobs_cancelled`), one probe each; `jobs_runtimes` is a row per runtime; the primary
+/// key of `jobs_paused`.
 const PAUSE: &str = r#"
-WITH i AS (
-    INSERT INTO jobs_paused (kind) VALUES ($1) ON CONFLICT (kind) DO NOTHING RETURNING kind
+WITH known AS (
+    SELECT EXISTS (SELECT 1 FROM jobs_paused WHERE kind = $1)
+        OR EXISTS (SELECT 1 FROM jobs_runtimes WHERE $1 = ANY (kinds))
+        OR EXISTS (SELECT 1 FROM jobs WHERE kind = $1 AND state = 'pending')
+        OR EXISTS (SELECT 1 FROM jobs WHERE kind = $1 AND state = 'running')
+        OR EXISTS (SELECT 1 FROM jobs WHERE kind = $1 AND state = 'failed')
+        OR EXISTS (SELECT 1 FROM jobs WHERE kind = $1 AND state = 'done')
+        OR EXISTS (SELECT 1 FROM jobs WHERE kind = $1 AND state = 'cancelled') AS known
+),
+i AS (
+    INSERT INTO jobs_paused (kind)
+    SELECT $1 FROM known WHERE known.known OR $2::boolean
+    ON CONFLICT (kind) DO NOTHING
+    RETURNING kind
 )
-SELECT count(pg_notify('jobs_paused', i.kind)) FROM i
+SELECT (SELECT known FROM known), count(pg_notify('jobs_paused', i.kind)) FROM i
 "#;
 
 /// Resumes `$1`, and notifies the runtimes as [`PAUSE`] does. Index: the primary key of
@@ -893,17 +1002,73 @@ const PAUSED: &str = "SELECT kind, paused_at FROM jobs_paused ORDER BY kind";
 /// by default; at once when the notification reaches it); jobs of the kind already
 /// claimed run to their end, and enqueues still
 /// succeed, so its jobs wait, pending, until [`resume`]. Returns whether the kind was
-/// running before (false if it was already paused). Any kind name may be paused,
-/// including one no runtime handles yet.
+/// running before (false if it was already paused).
+///
+/// Only a kind this database knows is paused: one that a registered runtime claims
+/// (see [`runtimes`]), that a job of any state carries, or that is paused already.
+/// Any other name (a typo, most likely) is an [`Error::InvalidInput`] and nothing is
+/// written; [`pause_forced`] pauses it anyway, for a kind whose first runtime or job
+/// is still to come.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// let was_running = jobs::admin::pause(&pool, "email.send").await?;
+/// // ... the mail server is back ...
+/// jobs::admin::resume(&pool, "email.send").await?;
+/// # Ok(()) }
+/// ```
 pub async fn pause<'e, E>(executor: E, kind: &str) -> Result<bool, Error>
 where
     E: PgExecutor<'e>,
 {
-    notified(executor, PAUSE, kind).await
+    pause_kind(executor, kind, false).await
+}
+
+/// Pauses `kind` as [`pause`] does, whether or not the database knows it yet: a kind
+/// that no runtime has declared and no job carries, paused before its first deploy.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// // The kind ships tomorrow; it must not run until the operators say so.
+/// jobs::admin::pause_forced(&pool, "ledger.rebuild").await?;
+/// # Ok(()) }
+/// ```
+pub async fn pause_forced<'e, E>(executor: E, kind: &str) -> Result<bool, Error>
+where
+    E: PgExecutor<'e>,
+{
+    pause_kind(executor, kind, true).await
+}
+
+async fn pause_kind<'e, E>(executor: E, kind: &str, force: bool) -> Result<bool, Error>
+where
+    E: PgExecutor<'e>,
+{
+    let (known, inserted): (bool, i64) = crate::pooler::query_as(PAUSE)
+        .bind(kind)
+        .bind(force)
+        .fetch_one(executor)
+        .await?;
+    if !known && !force {
+        return Err(Error::InvalidInput(format!(
+            "no kind `{kind}` here: no runtime has declared it and no job carries it \
+             (a typo?); pause it anyway with `jobsctl pause --force` or \
+             jobs::admin::pause_forced"
+        )));
+    }
+    Ok(inserted > 0)
 }
 
 /// Resumes a paused kind: runtimes claim it again, an idle one at once (a notification
 /// wakes it), any other within its poll interval. Returns whether the kind was paused.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// if jobs::admin::resume(&pool, "email.send").await? {
+///     println!("email.send resumed");
+/// }
+/// # Ok(()) }
+/// ```
 pub async fn resume<'e, E>(executor: E, kind: &str) -> Result<bool, Error>
 where
     E: PgExecutor<'e>,
@@ -924,6 +1089,14 @@ where
 }
 
 /// The paused kinds, in kind order, each with when it was paused.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// for (kind, since) in jobs::admin::paused(&pool).await? {
+///     println!("{kind} paused since {since}");
+/// }
+/// # Ok(()) }
+/// ```
 pub async fn paused<'e, E>(executor: E) -> Result<Vec<(String, DateTime<Utc>)>, Error>
 where
     E: PgExecutor<'e>,
@@ -970,6 +1143,14 @@ pub struct RuntimeRow {
 }
 
 /// The runtimes at work on this database, oldest first.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// for rt in jobs::admin::runtimes(&pool).await? {
+///     println!("{} on {} (pid {}): {:?}, {} claimed", rt.id, rt.host, rt.pid, rt.kinds, rt.running);
+/// }
+/// # Ok(()) }
+/// ```
 pub async fn runtimes<'e, E>(executor: E) -> Result<Vec<RuntimeRow>, Error>
 where
     E: PgExecutor<'e>,
@@ -1067,6 +1248,16 @@ fn percentiles(buckets: &[i64]) -> Option<Percentiles> {
 /// their run-time percentiles. Each runtime adds what its runs came to every few
 /// seconds (and when it goes quiet or stops), so the last minute fills in as it goes;
 /// minutes without runs have no row. Kept seven days.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// use std::time::Duration;
+///
+/// for minute in jobs::admin::history(&pool, Some("email.send"), Duration::from_secs(3600)).await? {
+///     println!("{} {} ok, {} failed", minute.minute, minute.succeeded, minute.failed);
+/// }
+/// # Ok(()) }
+/// ```
 pub async fn history<'e, E>(
     executor: E,
     kind: Option<&str>,

@@ -20,6 +20,7 @@ use crate::runtime::completer;
 /// transaction mode (`lease = "transaction"`), write through [`tx`](Self::tx).
 ///
 /// ```
+/// use jobs::sqlx;
 /// use jobs::{Job, JobContext, JobError};
 /// use serde::{Deserialize, Serialize};
 ///
@@ -309,6 +310,7 @@ impl JobContext {
     /// In transaction mode this returns a permanent error: use [`tx`](Self::tx) there.
     ///
     /// ```no_run
+    /// use jobs::sqlx;
     /// # use jobs::{Job, JobContext, JobError};
     /// # #[derive(Job, serde::Serialize, serde::Deserialize)]
     /// # #[job(kind = "score.compute", key = "user_id")]
@@ -374,6 +376,7 @@ impl JobContext {
     /// [`fenced_tx`](Self::fenced_tx) there.
     ///
     /// ```no_run
+    /// use jobs::sqlx;
     /// # use jobs::{Job, JobContext, JobError};
     /// # #[derive(Job, serde::Serialize, serde::Deserialize)]
     /// # #[job(kind = "order.close", key = "order_id", lease = "transaction")]
@@ -430,6 +433,7 @@ impl Drop for FenceFlag {
 /// [`commit`](Self::commit), it rolls back, and the run cannot complete the job.
 ///
 /// ```no_run
+/// use jobs::sqlx;
 /// # use jobs::{Job, JobContext, JobError};
 /// # #[derive(Job, serde::Serialize, serde::Deserialize)]
 /// # #[job(kind = "feed.import", key = "feed_id")]

@@ -45,6 +45,7 @@ impl Enqueued {
 /// [`EnqueueBatch::push_with`].
 ///
 /// ```no_run
+/// # use jobs::sqlx;
 /// # use jobs::{Job, EnqueueOptions};
 /// # use std::time::Duration;
 /// # #[derive(Job, serde::Serialize, serde::Deserialize)]
@@ -182,6 +183,8 @@ impl NewJob {
         if let Some(key) = &key {
             check_text("key", J::KIND, key)?;
         }
+        crate::limits::check_kind_and_key(J::KIND, key.as_deref())?;
+        crate::limits::check_payload(J::KIND, &payload)?;
         // jsonb rejects the escaped NUL character that JSON itself allows.
         if payload.contains("\\u0000") {
             return Err(Error::InvalidInput(format!(
@@ -322,6 +325,7 @@ fn bind_one<'q, O>(
 /// The batch sends at most one wake-up notification per kind.
 ///
 /// ```no_run
+/// # use jobs::sqlx;
 /// # use jobs::{Job, EnqueueBatch};
 /// # #[derive(Job, serde::Serialize, serde::Deserialize)]
 /// # #[job(kind = "mail.send")]

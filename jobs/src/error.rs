@@ -5,6 +5,17 @@ use std::fmt;
 /// What can go wrong in the framework's own operations (enqueue, migrate, run, admin).
 ///
 /// Handler failures are not this type: a handler returns a [`JobError`](crate::JobError).
+///
+/// ```no_run
+/// # async fn f(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// match jobs::admin::retry(&pool, 42).await {
+///     Ok(_) => println!("retried"),
+///     Err(jobs::Error::NotFound(id)) => println!("no failed job {id}"),
+///     Err(e @ jobs::Error::Database(_)) => return Err(e), // the database is out of reach
+///     Err(e) => println!("{e}"),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use sqlx::types::chrono::Utc;
 
 use crate::enqueue::{self, Enqueued};
 use crate::error::Error;
@@ -158,9 +159,35 @@ pub struct JobConfig {
 ///
 /// Five fields (minute, hour, day of month, month, day of week), or six with seconds
 /// first, and the `@daily`-style macros, as the `croner` crate reads them. Fire times
-/// follow the zone's wall clock across daylight-saving changes: a local time that a
-/// change skips fires at the corresponding time after it (02:30 on the spring-forward
-/// night fires at 03:00), and one that occurs twice fires once, at its first occurrence.
+/// follow the zone's wall clock across daylight-saving changes, as Vixie cron's do:
+///
+/// - A schedule that names its hours (`30 2 * * *`, `0 9-17 * * 1-5`, `@daily`) fires at
+///   those wall-clock times: a local time that a change skips fires at the
+///   corresponding time after it (02:30 on the spring-forward night fires at 03:00),
+///   and one that occurs twice (the autumn's repeated hour) fires once, at its first
+///   occurrence.
+/// - A schedule whose hour is a wildcard or a step (`*/15 * * * *`, `0 * * * *`,
+///   `0 */2 * * *`, `@hourly`) keeps its cadence in real time: it fires at every instant
+///   whose local time matches, so through the repeated hour too (`*/15` fires every 15
+///   minutes of the night, never 75 minutes apart), and across the skipped hour it
+///   goes on from the first local time after it.
+///
+/// ```
+/// use jobs::sqlx::types::chrono::{TimeZone, Utc};
+/// use jobs::{CronSchedule, Job};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Job, Serialize, Deserialize, Default)]
+/// #[job(kind = "report.nightly", cron = "0 3 * * *", timezone = "Europe/Paris")]
+/// struct NightlyReport {}
+///
+/// let schedule: CronSchedule = NightlyReport::CONFIG.cron.unwrap();
+/// // 03:00 in Paris is 02:00 UTC in winter, 01:00 UTC in summer.
+/// let noon = Utc.with_ymd_and_hms(2026, 1, 10, 12, 0, 0).unwrap();
+/// assert_eq!(schedule.next_after(noon), Some(Utc.with_ymd_and_hms(2026, 1, 11, 2, 0, 0).unwrap()));
+/// let noon = Utc.with_ymd_and_hms(2026, 7, 10, 12, 0, 0).unwrap();
+/// assert_eq!(schedule.next_after(noon), Some(Utc.with_ymd_and_hms(2026, 7, 11, 1, 0, 0).unwrap()));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CronSchedule {
     /// The cron expression, e.g. `0 3 * * *`.
@@ -181,12 +208,108 @@ impl CronSchedule {
         let cron = croner::Cron::from_str(self.expression).ok()?;
         let zone = chrono_tz::Tz::from_str(self.timezone).ok()?;
         // croner keeps the fraction of a second of its start: start at the whole second.
-        let start = after.with_timezone(&zone);
-        let start = chrono::DurationRound::duration_trunc(start, chrono::TimeDelta::seconds(1))
-            .unwrap_or(start);
-        let next = cron.find_next_occurrence(&start, false).ok()?;
-        Some(next.with_timezone(&sqlx::types::chrono::Utc))
+        let after = chrono::DurationRound::duration_trunc(after, chrono::TimeDelta::seconds(1))
+            .unwrap_or(after);
+        let hours = &cron.pattern.hours;
+        if hours.from_wildcard || hours.step > 1 {
+            cadence_next(&cron, zone, after)
+        } else {
+            named_hours_next(&cron, zone, after)
+        }
     }
+}
+
+/// An instant, in UTC.
+type Instant = sqlx::types::chrono::DateTime<Utc>;
+
+/// The UTC offset of `zone` at `t`.
+fn offset_at(zone: chrono_tz::Tz, t: Instant) -> chrono::FixedOffset {
+    use chrono::{Offset, TimeZone};
+    zone.offset_from_utc_datetime(&t.naive_utc()).fix()
+}
+
+/// The first instant in `(from, to]` at which `zone`'s offset is no longer the one at
+/// `from`, if any: a scan by days, then a bisection to the second. (Zones change
+/// offset at most a few times a year, never twice in a day.)
+fn offset_change(zone: chrono_tz::Tz, from: Instant, to: Instant) -> Option<Instant> {
+    let before = offset_at(zone, from);
+    let day = chrono::TimeDelta::days(1);
+    let mut lo = from;
+    while lo < to {
+        let hi = (lo + day).min(to);
+        if offset_at(zone, hi) != before {
+            // offset(lo) is `before`, offset(hi) is not: bisect to the first second.
+            let (mut lo, mut hi) = (lo, hi);
+            while hi - lo > chrono::TimeDelta::seconds(1) {
+                let mid = lo + (hi - lo) / 2;
+                if offset_at(zone, mid) == before {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            return Some(hi);
+        }
+        lo = hi;
+    }
+    None
+}
+
+/// The next fire of a schedule whose hour is a wildcard or a step: the first instant
+/// after `after` whose local time in `zone` matches, whatever offset the zone has then.
+/// Between two offset changes the local time is a fixed offset from UTC, where croner
+/// finds the next match; a match past an offset change is looked for again from the
+/// change, under the new offset.
+fn cadence_next(cron: &croner::Cron, zone: chrono_tz::Tz, after: Instant) -> Option<Instant> {
+    let mut from = after;
+    let mut inclusive = false;
+    // Each round passes an offset change: a few a year in any real zone.
+    for _ in 0..64 {
+        let offset = offset_at(zone, from);
+        let next = cron
+            .find_next_occurrence(&from.with_timezone(&offset), inclusive)
+            .ok()?
+            .with_timezone(&Utc);
+        match offset_change(zone, from, next) {
+            None => return Some(next),
+            Some(change) => {
+                from = change;
+                inclusive = true;
+            }
+        }
+    }
+    None
+}
+
+/// The next fire of a schedule that names its hours: croner's reading of the zone's
+/// wall clock (a skipped time fires just after the gap, a repeated one at its first
+/// occurrence). Started inside the repeated hour, croner may answer that hour's first
+/// occurrence, before `after`: that one has fired, so the search starts again once the
+/// local time is past the repeated hour.
+fn named_hours_next(cron: &croner::Cron, zone: chrono_tz::Tz, after: Instant) -> Option<Instant> {
+    use chrono::TimeZone;
+    let next = cron
+        .find_next_occurrence(&after.with_timezone(&zone), false)
+        .ok()?
+        .with_timezone(&Utc);
+    if next > after {
+        return Some(next);
+    }
+    let mut from = after;
+    let limit = after + chrono::TimeDelta::hours(3);
+    while from < limit
+        && zone
+            .from_local_datetime(&from.with_timezone(&zone).naive_local())
+            .single()
+            .is_none()
+    {
+        from += chrono::TimeDelta::seconds(1);
+    }
+    let next = cron
+        .find_next_occurrence(&from.with_timezone(&zone), true)
+        .ok()?
+        .with_timezone(&Utc);
+    (next > after).then_some(next)
 }
 
 impl JobConfig {
@@ -449,14 +572,15 @@ mod tests {
                 "11-02 02:30 +0100"
             ]
         );
-        // An hourly schedule through the repeated hour: 02:00 once.
+        // An hourly schedule through the repeated hour keeps its cadence: 02:00 twice,
+        // an hour apart in real time.
         assert_eq!(
             fires("0 * * * *", "2027-10-30T22:30:00Z", 4),
             [
                 "10-31 01:00 +0200",
                 "10-31 02:00 +0200",
-                "10-31 03:00 +0100",
-                "10-31 04:00 +0100"
+                "10-31 02:00 +0100",
+                "10-31 03:00 +0100"
             ]
         );
     }

@@ -15,6 +15,7 @@
 //! handler is linked into the binary:
 //!
 //! ```no_run
+//! use jobs::sqlx; // the sqlx the library is built on: no sqlx dependency of your own
 //! use jobs::{Job, JobContext, JobError};
 //! use serde::{Deserialize, Serialize};
 //!
@@ -79,6 +80,9 @@
 //! | `concurrency = 4` | none | at most this many jobs of the kind at once in one runtime |
 //! | `retain = "7d"` | none | keep done rows this long (state `done`) instead of deleting them |
 //! | `every = "10m"` | none | periodic: one live job of the kind across all replicas, re-armed one period after each completion; the type implements `Default` and has no `key` |
+//! | `priority = 2` | 0 | the kind's default priority, 0 to 9 ([`MAX_PRIORITY`]): among the due jobs of the kind, a lower number is claimed first, then the earlier run-after, then the id; [`EnqueueOptions::priority`] overrides it for one job |
+//! | `cron = "0 3 * * *"` | none | scheduled: one live job of the kind across all replicas (as `every`: `Default`, no `key`), due at each fire time of the cron expression (five fields, six with seconds first, or `@daily` and the like), following the zone's wall clock across daylight-saving changes; see [`CronSchedule`] |
+//! | `timezone = "Europe/Paris"` | `UTC` | the IANA time zone `cron` is read in; fire times follow its wall clock across daylight-saving changes |
 //!
 //! The settings end up in [`Job::CONFIG`] (a [`JobConfig`]):
 //!
@@ -148,6 +152,7 @@
 //! not at all.
 //!
 //! ```no_run
+//! use jobs::sqlx;
 //! use jobs::{Job, JobContext, JobError};
 //! use serde::{Deserialize, Serialize};
 //!
@@ -186,6 +191,7 @@
 //! database-only steps:
 //!
 //! ```no_run
+//! use jobs::sqlx;
 //! use jobs::{Job, JobContext, JobError};
 //! use serde::{Deserialize, Serialize};
 //!
@@ -239,7 +245,7 @@
 //!     document_id: i64,
 //! }
 //!
-//! # async fn enqueue(pool: sqlx::PgPool) -> Result<(), jobs::Error> {
+//! # async fn enqueue(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
 //! let first = RefreshIndex { document_id: 1 }.enqueue(&pool).await?;
 //! assert_eq!(first.outcome, EnqueueOutcome::Inserted);
 //!
@@ -268,7 +274,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! # async fn start(pool: sqlx::PgPool) -> Result<(), jobs::Error> {
+//! # async fn start(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
 //! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
 //! let runtime = jobs::Runtime::new(pool)
 //!     .concurrency(20)
@@ -293,6 +299,22 @@
 //! [`admin::retry`], [`admin::retry_kind`], [`admin::cancel`], [`admin::discard`] and
 //! [`admin::prune`]. Each is safe while runtimes work. The project's operator CLI is
 //! built on them.
+//!
+//! # Observability
+//!
+//! The library logs through [`tracing`](https://docs.rs/tracing) and installs no
+//! subscriber: without one, a runtime that retries, fails or stops says nothing. Every run
+//! of a handler is one span named `job` with the fields `job.id`, `job.kind`,
+//! `job.attempt`, and `job.outcome` recorded at the end (`succeeded`, `retried`,
+//! `failed`, `snoozed`, `lease_lost`, `handed_back`); a failed attempt's warning carries
+//! `job.id` and `job.kind` itself as well.
+//!
+//! With the `metrics` feature (`pgjobs = { version = "0.1", features = ["metrics"] }`)
+//! the runtime also reports through the [`metrics`](https://docs.rs/metrics) facade,
+//! labelled by `kind`: `jobs_claimed_total`, `jobs_finished_total` (with an `outcome`),
+//! `jobs_handler_duration_seconds`, `jobs_queue_wait_seconds` (claim time minus
+//! run-after, on the database's clock), and every 10 s the gauges `jobs_lag_seconds`
+//! and `jobs_depth` (claimable jobs, counted up to 100,000). It installs no recorder.
 //!
 //! # Testing
 //!
@@ -327,6 +349,7 @@ mod enqueue;
 mod error;
 mod history;
 mod job;
+mod limits;
 mod migrate;
 mod pooler;
 mod registry;
@@ -339,6 +362,10 @@ pub use enqueue::{EnqueueBatch, EnqueueOptions, EnqueueOutcome, Enqueued, enqueu
 pub use error::Error;
 pub use history::{AttemptError, FailureKind};
 pub use job::{CronSchedule, Job, JobConfig, KeyPart, Lease};
+pub use limits::{
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEY_BYTES, MAX_KIND_BYTES, max_payload_bytes,
+    set_max_payload_bytes,
+};
 
 /// The least urgent priority: priorities go from 0 (claimed first) to this.
 pub const MAX_PRIORITY: i16 = 9;
@@ -372,6 +399,7 @@ pub use jobs_macros::Job;
 /// arguments: the kind's settings are in the job type's `#[job(...)]`.
 ///
 /// ```no_run
+/// use jobs::sqlx;
 /// use jobs::{Job, JobContext, JobError};
 /// use serde::{Deserialize, Serialize};
 ///

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::sync::LazyLock;
 
-use sqlx::migrate::Migrator;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
 
 use crate::error::Error;
 
@@ -12,12 +12,39 @@ use crate::error::Error;
 /// shared table each migrator would reject the other's versions as unknown.
 pub const MIGRATIONS_TABLE: &str = "_jobs_migrations";
 
-/// The migrations of `jobs/migrations/`, recording their history in [`MIGRATIONS_TABLE`].
+/// Every migration: version, description and SQL, from the files of `migrations/`
+/// (`jobs/migrations` is a link to the workspace's `migrations/`: a package carries only
+/// files under its own directory, and `cargo package` copies the linked files in).
+/// `build.rs` lists them.
+const MIGRATIONS: &[(i64, &str, &str)] = include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+
+/// The project's migrations (`migrations/`, compiled in), recording their history in
+/// [`MIGRATIONS_TABLE`].
+///
+/// They are the migrations sqlx's `migrate!("./migrations")` would compile in (the
+/// same versions, descriptions, SQL and checksums; a test compares them), built without
+/// sqlx's macros, so that neither this library nor an application using it compiles
+/// them for it.
 ///
 /// Use it with `#[sqlx::test(migrator = "jobs::MIGRATOR")]` to get a test database with
 /// the job table in place.
 pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
-    let mut migrator = sqlx::migrate!("./migrations");
+    let mut migrator = Migrator::with_migrations(
+        MIGRATIONS
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(
+                    version,
+                    Cow::Borrowed(description),
+                    MigrationType::Simple,
+                    sqlx::SqlStr::from_static(sql),
+                    // As sqlx reads it: a first line `-- no-transaction` runs the
+                    // migration outside a transaction.
+                    sql.starts_with("-- no-transaction"),
+                )
+            })
+            .collect(),
+    );
     migrator.dangerous_set_table_name(Cow::Borrowed(MIGRATIONS_TABLE));
     migrator
 });
@@ -27,8 +54,30 @@ pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
 /// Safe to call from every replica at start: sqlx takes a database-wide advisory lock
 /// around the run (the same lock an application's own sqlx migrator takes), so
 /// concurrent calls run one after the other and the later ones find nothing to do.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = jobs::sqlx::PgPool::connect("postgres://app@localhost/app").await?;
+/// jobs::migrate(&pool).await?; // at deploy time, or at every start
+/// # Ok(()) }
+/// ```
 pub async fn migrate(pool: &sqlx::PgPool) -> Result<(), Error> {
-    MIGRATOR.run(pool).await?;
+    let mut conn = pool.acquire().await?;
+    // sqlx creates its history table with `CREATE TABLE IF NOT EXISTS`, and logs the
+    // server's NOTICE ("relation \"_jobs_migrations\" already exists, skipping") at
+    // every start: this session hears only warnings and errors while it migrates.
+    sqlx::query("SET client_min_messages = warning")
+        .execute(&mut *conn)
+        .await?;
+    let migrated = MIGRATOR.run_direct(None, &mut *conn, false).await;
+    let reset = sqlx::query("RESET client_min_messages")
+        .execute(&mut *conn)
+        .await;
+    if migrated.is_err() || reset.is_err() {
+        // Never hand the pool a connection in an unknown state.
+        conn.close_on_drop();
+    }
+    migrated?;
     Ok(())
 }
 

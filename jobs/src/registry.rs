@@ -140,3 +140,16 @@ pub(crate) fn handlers() -> Result<BTreeMap<&'static str, &'static HandlerInfo>,
         Err(Error::Registry(problems.join("; ")))
     }
 }
+
+/// The kinds that a `#[derive(Job)]` type declares and no handler of `handlers` runs,
+/// with their types, in kind order: a runtime of this binary never runs their jobs.
+pub(crate) fn unhandled(
+    handlers: &BTreeMap<&'static str, &'static HandlerInfo>,
+) -> Vec<&'static KindInfo> {
+    let mut kinds: Vec<&'static KindInfo> = inventory::iter::<KindInfo>
+        .into_iter()
+        .filter(|info| !handlers.contains_key(info.kind))
+        .collect();
+    kinds.sort_by_key(|info| (info.kind, info.type_name));
+    kinds
+}

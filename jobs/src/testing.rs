@@ -102,6 +102,7 @@ pub struct Undeserializable {
 /// Use it to test a change of a payload type against rows enqueued by the old one.
 ///
 /// ```no_run
+/// use jobs::sqlx;
 /// use jobs::Job;
 /// use serde::{Deserialize, Serialize};
 ///
@@ -186,6 +187,7 @@ pub async fn assert_enqueued<'e, J>(
 /// this binary are permanent errors, and run nothing.
 ///
 /// ```no_run
+/// # use jobs::sqlx;
 /// use jobs::{Job, JobContext, JobError};
 /// use serde::{Deserialize, Serialize};
 ///
@@ -257,6 +259,14 @@ pub async fn perform<J: Job>(pool: &PgPool, job: &J) -> Result<(), JobError> {
 /// claimable now or running, and returns how the runs ended. Jobs scheduled later
 /// (including retries waiting out their backoff) stay pending; [`drain_with`] runs
 /// them too, and reports each failed attempt's error.
+///
+/// ```no_run
+/// # async fn test(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// // ... enqueue what the code under test enqueues ...
+/// let counts = jobs::testing::drain(&pool).await?;
+/// assert_eq!((counts.succeeded, counts.failed), (3, 0));
+/// # Ok(()) }
+/// ```
 pub async fn drain(pool: &PgPool) -> Result<RunCounts, Error> {
     drain_with(pool, Drain::new()).await.map(|d| d.counts)
 }
@@ -313,6 +323,7 @@ pub struct DrainFailure {
 /// [`drain`], with options, reporting each failed attempt.
 ///
 /// ```no_run
+/// # use jobs::sqlx;
 /// # async fn test(pool: sqlx::PgPool) -> Result<(), jobs::Error> {
 /// use jobs::testing::{Drain, drain_with};
 /// let drained = drain_with(&pool, Drain::new().with_scheduled(true)).await?;

@@ -74,7 +74,7 @@ pub(crate) async fn submit(
     let Ok(Form(form)) = form else {
         return layout::error(&ctx, StatusCode::BAD_REQUEST, "That form is malformed.");
     };
-    if !security::csrf_ok(&jar, &form.csrf) {
+    if !security::csrf_ok(&dash, &jar, &form.csrf) {
         return layout::error(
             &ctx,
             StatusCode::FORBIDDEN,

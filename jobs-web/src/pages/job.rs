@@ -101,10 +101,10 @@ fn body(ctx: &Ctx, now: DateTime<Utc>, job: &JobRow, runtime: Option<&RuntimeRow
             }
             section {
                 h2 { "Payload" }
-                (layout::json_block(&job.payload))
+                (layout::json_block_capped(&job.payload, layout::JSON_SHOWN_BYTES, Some(&ctx.url(&format!("/jobs/{}/payload", job.id)))))
                 h2 { "Checkpoint" }
                 @match &job.checkpoint {
-                    Some(c) => (layout::json_block(c)),
+                    Some(c) => (layout::json_block_capped(c, layout::JSON_SHOWN_BYTES, None)),
                     None => p.muted { "None saved." },
                 }
             }
@@ -117,7 +117,12 @@ fn body(ctx: &Ctx, now: DateTime<Utc>, job: &JobRow, runtime: Option<&RuntimeRow
             }
         } @else {
             ol.attempts {
-                @for e in &job.errors {
+                @for (i, e) in job.errors.iter().enumerate() {
+                    // A retry (or a new request coalesced into the job) gives it a fresh
+                    // attempt budget: its attempts count from 1 again.
+                    @if i > 0 && e.attempt <= job.errors[i - 1].attempt {
+                        li.restart.muted { "Attempts counted from 1 again: the job was retried, or a new request came in." }
+                    }
                     li {
                         div { strong { "Attempt " (e.attempt) } " · " span.badge.state-failed { (e.kind.as_str()) } " · " (when(now, e.at))
                             @if let Some(r) = e.runtime { " · " span.muted.small { "runtime " code { (r) } } } }
@@ -126,5 +131,30 @@ fn body(ctx: &Ctx, now: DateTime<Utc>, job: &JobRow, runtime: Option<&RuntimeRow
                 }
             }
         }
+    }
+}
+
+/// `GET /jobs/{id}/payload`: the job's whole payload, as JSON (the job's page shows
+/// its first [`layout::JSON_SHOWN_BYTES`]).
+pub(crate) async fn payload(
+    State(dash): State<Shared>,
+    Extension(ctx): Extension<Ctx>,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+) -> Response {
+    let Ok(Path(id)) = id else {
+        return layout::error(&ctx, StatusCode::BAD_REQUEST, "A job id is a whole number.");
+    };
+    match admin::get(&dash.pool, id).await {
+        Ok(Some(job)) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            job.payload.to_string(),
+        )
+            .into_response(),
+        Ok(None) => layout::error(
+            &ctx,
+            StatusCode::NOT_FOUND,
+            &format!("There is no job {id}."),
+        ),
+        Err(e) => layout::database_error(&ctx, e),
     }
 }

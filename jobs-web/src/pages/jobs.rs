@@ -112,7 +112,7 @@ pub(crate) async fn page(
             };
             layout::page(&ctx, "Jobs", nav, body).into_response()
         }
-        Err(e) => layout::database_error(&ctx, e),
+        Err(e) => layout::database_error(&ctx, e.into()),
     }
 }
 

@@ -174,12 +174,16 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     }
     match &outcome {
         Outcome::Succeeded => tracing::debug!("job succeeded"),
+        // The id and kind on the event itself, not only on the span: a subscriber that
+        // shows no spans (or only this level) still says which job failed.
         Outcome::Retry(kind, e) | Outcome::Permanent(kind, e) => {
-            tracing::warn!(error = %e, failure = %kind, "job failed")
+            tracing::warn!(job.id = job.id, job.kind = handler.kind, error = %e, failure = %kind, "job failed")
         }
-        Outcome::LeaseLost => {
-            tracing::warn!("job's lease was lost: another runtime may run it; nothing written")
-        }
+        Outcome::LeaseLost => tracing::warn!(
+            job.id = job.id,
+            job.kind = handler.kind,
+            "job's lease was lost: another runtime may run it; nothing written"
+        ),
         Outcome::Cancelled => tracing::info!("job cancelled by an operator; handler dropped"),
         Outcome::Snooze(d) => tracing::debug!(delay = ?d, "job snoozed"),
         Outcome::Stopped => tracing::info!("job handed back at shutdown"),

@@ -33,6 +33,16 @@ use crate::registry::{self, HandlerInfo};
 
 /// Runs the handlers linked into this binary until SIGINT or SIGTERM, with the default
 /// settings of [`Runtime`].
+///
+/// ```no_run
+/// #[tokio::main]
+/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let pool = jobs::sqlx::PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
+///     jobs::migrate(&pool).await?;
+///     jobs::run(pool).await?; // logs the kinds it claims, returns after a signal
+///     Ok(())
+/// }
+/// ```
 pub async fn run(pool: PgPool) -> Result<(), Error> {
     Runtime::new(pool).run().await
 }
@@ -40,6 +50,7 @@ pub async fn run(pool: PgPool) -> Result<(), Error> {
 /// The job runtime and its settings.
 ///
 /// ```no_run
+/// # use jobs::sqlx;
 /// # async fn f(pool: sqlx::PgPool) -> Result<(), jobs::Error> {
 /// use std::time::Duration;
 ///
@@ -146,8 +157,12 @@ impl Runtime {
         self
     }
 
-    /// Claims only these kinds (each must have a handler in this binary). By default the
-    /// runtime claims every kind with a handler.
+    /// Claims only these kinds (each must have a handler in this binary: a kind without
+    /// one stops the runtime at start with an [`Error::Registry`] naming the kind and,
+    /// when a job type declares it, the type). By default the runtime claims every kind
+    /// with a handler, and warns at start about each job type linked into the binary
+    /// whose kind has none (its jobs would never run here); naming the kinds says that
+    /// is intended, and silences the warning.
     pub fn kinds<I, S>(mut self, kinds: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -438,12 +453,23 @@ impl Runtime {
 
     fn handlers(&self) -> Result<BTreeMap<&'static str, &'static HandlerInfo>, Error> {
         let mut handlers = registry::handlers()?;
+        let unhandled = registry::unhandled(&handlers);
         if let Some(only) = &self.only {
             for kind in only {
                 if !handlers.contains_key(kind.as_str()) {
-                    return Err(Error::Registry(format!(
-                        "kind `{kind}` has no handler linked into this binary"
-                    )));
+                    return Err(Error::Registry(
+                        match unhandled.iter().find(|info| info.kind == kind) {
+                            Some(info) => format!(
+                                "kind `{kind}` (type `{}`) has no handler linked into this \
+                                 binary: annotate an async fn taking it with #[jobs::handler]",
+                                info.type_name
+                            ),
+                            None => format!(
+                                "kind `{kind}` has no handler linked into this binary, and no \
+                                 #[derive(Job)] type in it declares that kind"
+                            ),
+                        },
+                    ));
                 }
             }
             handlers.retain(|kind, _| only.iter().any(|k| k == kind));
@@ -451,6 +477,21 @@ impl Runtime {
                 return Err(Error::Registry(
                     "the runtime was given no kind to claim".into(),
                 ));
+            }
+        } else {
+            // Claiming every kind with a handler: a job type linked in without one is
+            // most likely a handler that was forgotten, or not linked (`use my_jobs as
+            // _;`). A binary that only enqueues those kinds says so with `kinds`.
+            for info in unhandled {
+                tracing::warn!(
+                    kind = info.kind,
+                    r#type = info.type_name,
+                    "job type `{}` (kind `{}`) is linked into this binary but has no handler: \
+                     this runtime never runs its jobs (name the kinds it claims with \
+                     Runtime::kinds if that is intended)",
+                    info.type_name,
+                    info.kind,
+                );
             }
         }
         Ok(handlers)

@@ -14,7 +14,7 @@ struct PostEntry {
 #[jobs::handler]
 async fn post_entry(job: PostEntry, ctx: JobContext) -> Result<(), JobError> {
     let mut tx = ctx.tx().await?;
-    sqlx::query("UPDATE ledger SET balance = balance + $1 WHERE id = $2")
+    jobs::sqlx::query("UPDATE ledger SET balance = balance + $1 WHERE id = $2")
         .bind(job.amount)
         .bind(job.entry_id)
         .execute(&mut *tx)
@@ -22,7 +22,8 @@ async fn post_entry(job: PostEntry, ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
-fn main() {
+#[test]
+fn a_transaction_mode_kind_expands() {
     assert_eq!(PostEntry::CONFIG.lease, Lease::Transaction);
     assert_eq!(
         PostEntry {

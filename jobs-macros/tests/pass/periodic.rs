@@ -12,14 +12,18 @@ struct SweepSessions;
 
 #[jobs::handler]
 async fn sweep_sessions(_job: SweepSessions, ctx: JobContext) -> Result<(), JobError> {
-    sqlx::query("DELETE FROM sessions WHERE expires_at < now()")
+    jobs::sqlx::query("DELETE FROM sessions WHERE expires_at < now()")
         .execute(ctx.pool())
         .await?;
     Ok(())
 }
 
-fn main() {
+#[test]
+fn a_periodic_kind_expands() {
     assert_eq!(SweepSessions::KIND, "sessions.sweep");
     assert_eq!(SweepSessions::CONFIG.every, Some(Duration::from_secs(600)));
-    assert_eq!(SweepSessions.key().as_deref(), Some(jobs::__private::PERIODIC_KEY));
+    assert_eq!(
+        SweepSessions.key().as_deref(),
+        Some(jobs::__private::PERIODIC_KEY)
+    );
 }

@@ -40,5 +40,3 @@ async fn ctx(_job: C, _ctx: JobContext) -> Result<(), JobError> {
 async fn dispatch(_job: D, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
-
-fn main() {}

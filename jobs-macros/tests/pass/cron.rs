@@ -14,9 +14,13 @@ async fn nightly(_job: Nightly, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
-fn main() {
+#[test]
+fn cron_settings_reach_the_config() {
     let cron = Nightly::CONFIG.cron.unwrap();
-    assert_eq!((cron.expression, cron.timezone), ("0 3 * * *", "Europe/Paris"));
+    assert_eq!(
+        (cron.expression, cron.timezone),
+        ("0 3 * * *", "Europe/Paris")
+    );
     assert_eq!(Hourly::CONFIG.cron.unwrap().timezone, "UTC");
     assert_eq!(Nightly {}.key().as_deref(), Some("every"));
 }

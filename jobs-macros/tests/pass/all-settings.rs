@@ -39,7 +39,8 @@ async fn build_report(job: BuildReport, ctx: JobContext) -> Result<(), JobError>
 #[job(every = "1d", retain = "0s")]
 struct SweepReports;
 
-fn main() {
+#[test]
+fn every_setting_reaches_the_config() {
     let c: JobConfig = BuildReport::CONFIG;
     assert_eq!(BuildReport::KIND, "report.build");
     assert_eq!(c.max_attempts, 5);
@@ -69,5 +70,8 @@ fn main() {
         Some(Duration::from_secs(86_400))
     );
     assert_eq!(SweepReports::CONFIG.retain, Some(Duration::ZERO));
-    assert_eq!(SweepReports.key().as_deref(), Some(jobs::__private::PERIODIC_KEY));
+    assert_eq!(
+        SweepReports.key().as_deref(),
+        Some(jobs::__private::PERIODIC_KEY)
+    );
 }

@@ -39,13 +39,14 @@ job!(
     false
 );
 
-fn main() {
+#[test]
+fn jobs_written_by_a_macro_expand() {
     assert_eq!(Archive::KIND, "macro.archive");
     assert_eq!(Archive::CONFIG.max_attempts, 3);
     assert_eq!(
         Archive::CONFIG.lease,
         jobs::Lease::Heartbeat(Duration::from_secs(60))
     );
-    assert!(!Archive::CONFIG.cancel_on_lease_loss);
+    const { assert!(!Archive::CONFIG.cancel_on_lease_loss) };
     assert_eq!(Archive { id: 4 }.key().as_deref(), Some("4"));
 }

@@ -18,7 +18,8 @@ async fn delete_session(job: SessionDelete, ctx: JobContext) -> Result<(), JobEr
     Ok(())
 }
 
-fn main() {
+#[test]
+fn the_readme_example_expands() {
     let id = Uuid::nil();
     assert_eq!(SessionDelete::KIND, "session.delete");
     assert_eq!(SessionDelete { session_id: id }.key(), Some(id.to_string()));

@@ -8,7 +8,7 @@ struct SessionDelete {
 }
 
 #[jobs::handler]
-async fn delete_session(_job: SessionDelete, _pool: sqlx::PgPool) -> Result<(), JobError> {
+async fn delete_session(_job: SessionDelete, _pool: jobs::sqlx::PgPool) -> Result<(), JobError> {
     Ok(())
 }
 
