@@ -125,7 +125,7 @@ async fn a_job_locked_while_claims_passed_it_starts_when_released(pool: PgPool) 
     // The backlog waits while its kind is paused; claims of another kind go on, so
     // that the locker's transaction begins after claims the runtime has dated.
     let rt = hourly(&pool, &["pk.job", "pk.other"]);
-    jobs::admin::pause(&pool, "pk.job").await.unwrap();
+    jobs::admin::pause_forced(&pool, "pk.job").await.unwrap();
     let mut batch = EnqueueBatch::new();
     for n in 1..=100 {
         batch.push(&Work { n, key: None }).unwrap();

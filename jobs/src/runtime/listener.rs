@@ -53,7 +53,10 @@ pub(super) async fn run(shared: Arc<Shared>) {
                     } else if notification.channel() == PAUSE_CHANNEL {
                         shared.paused_changed.store(true, Ordering::Release);
                         shared.wake.notify_one();
-                    } else if shared.handlers.contains_key(notification.payload()) {
+                    } else if let Some((&kind, _)) =
+                        shared.handlers.get_key_value(notification.payload())
+                    {
+                        shared.notified.lock().expect("lock poisoned").insert(kind);
                         shared.wake.notify_one();
                     }
                 }

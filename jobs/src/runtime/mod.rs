@@ -284,6 +284,7 @@ impl Runtime {
         let (renewing_tx, renewing) = watch::channel(false);
         let why_not = Arc::new(Mutex::new(None));
         let shared = Arc::new(Shared {
+            notified: Mutex::new(std::collections::HashSet::new()),
             renewing,
             why_not: why_not.clone(),
             runtime_id: uuid::Uuid::new_v4(),
@@ -639,6 +640,9 @@ async fn shutdown_signal() {
 
 /// State shared by the runtime's tasks.
 pub(crate) struct Shared {
+    /// The kinds notified since the producer last looked (`listener`): a quiet kind is
+    /// claimed at once when one of its jobs is enqueued.
+    notified: Mutex<std::collections::HashSet<&'static str>>,
     /// Whether the heartbeat can renew leases now (it has its connection, and its last
     /// renewal answered): the producer claims, and executors start handlers, only then.
     renewing: watch::Receiver<bool>,

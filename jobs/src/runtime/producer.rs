@@ -87,6 +87,12 @@ const MAX_AHEAD: usize = 1_000;
 /// notified one waits for its claim.
 const WRITERS_POLL: Duration = Duration::from_millis(10);
 
+/// How often a claim asks for a quiet kind (one its last claim found nothing of) that
+/// no notification has named since: a busy runtime's claims do not probe the ranges
+/// of every idle kind of the application each time (ten index probes each), and a job
+/// of such a kind that came without a notification waits this long at most.
+const QUIET_EVERY: Duration = Duration::from_millis(50);
+
 /// How often a runtime that cannot renew leases (and so claims nothing) says so.
 const RENEWALS_WARN_EVERY: Duration = Duration::from_secs(5);
 
@@ -94,7 +100,6 @@ const RENEWALS_WARN_EVERY: Duration = Duration::from_secs(5);
 const RATE_EVERY: Duration = Duration::from_millis(100);
 
 /// One row of a claim ([`sql::CLAIM`]).
-#[derive(sqlx::FromRow)]
 struct ClaimRow {
     id: i64,
     kind: String,
@@ -111,6 +116,29 @@ struct ClaimRow {
     writers: Option<Vec<i64>>,
     waiting: Option<f64>,
     since: Option<f64>,
+}
+
+impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for ClaimRow {
+    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        Ok(ClaimRow {
+            id: row.try_get("id")?,
+            kind: row.try_get("kind")?,
+            attempts: row.try_get("attempts")?,
+            max_attempts: row.try_get("max_attempts")?,
+            claimed_by: row.try_get("claimed_by")?,
+            payload: row.try_get("payload")?,
+            waited: row.try_get("waited")?,
+            run_after: row.try_get("run_after")?,
+            priority: row.try_get("priority")?,
+            held_back: row.try_get("held_back")?,
+            at: row.try_get("at")?,
+            xmax: row.try_get("xmax")?,
+            writers: row.try_get("writers")?,
+            waiting: row.try_get("waiting")?,
+            since: row.try_get("since")?,
+        })
+    }
 }
 
 /// The running executors. Owned by the runtime, not by the producer: if the producer
@@ -173,6 +201,9 @@ struct Producer {
     /// Which kind goes first in a turn of the next claim: each claim the next one, so
     /// that a claim smaller than a turn of every kind favours none.
     first_kind: usize,
+    /// The quiet kinds (their last claim took nothing), and when a claim last asked
+    /// for each.
+    quiet: HashMap<&'static str, Instant>,
 }
 
 impl Producer {
@@ -197,6 +228,7 @@ impl Producer {
             follow_up: false,
             claim_sent: Instant::now(),
             first_kind: 0,
+            quiet: HashMap::new(),
         }
     }
 
@@ -308,6 +340,8 @@ impl Producer {
             // A job became due after the last claim looked: claim it now.
             return;
         }
+        // Claims after an idle spell ask for every kind.
+        self.quiet.clear();
         let probing = self.probe.is_some();
         self.follow_up = tokio::select! {
             _ = self.shared.wake.notified() => true,
@@ -340,7 +374,8 @@ impl Producer {
     async fn claim(&mut self, (total_free, per_kind): &Capacity) {
         self.gathered = false;
         self.first_kind = self.first_kind.wrapping_add(1);
-        let Some(ask) = Ask::new(*total_free, per_kind, &self.floors, self.first_kind) else {
+        let asked = self.asked(per_kind);
+        let Some(ask) = Ask::new(*total_free, &asked, &self.floors, self.first_kind) else {
             self.more = false;
             return;
         };
@@ -358,6 +393,7 @@ impl Producer {
             Ok(rows) => {
                 self.backoff = claim_backoff();
                 self.more = ask.filled(&rows);
+                self.note_quiet(&ask, &rows);
                 self.start_all(rows, &ask.kinds).await;
                 if !self.more {
                     // Idle next: let the executors just started (each waiting in this
@@ -367,6 +403,46 @@ impl Producer {
                 }
             }
             Err(e) => self.claim_failed(&e).await,
+        }
+    }
+
+    /// The kinds this claim asks for: every kind with room but the quiet ones, unless a
+    /// notification named one since, or `QUIET_EVERY` has passed since a claim asked
+    /// for it. An idle runtime asks for every kind: its claims are few.
+    fn asked(
+        &self,
+        per_kind: &[(&'static HandlerInfo, usize)],
+    ) -> Vec<(&'static HandlerInfo, usize)> {
+        let notified = std::mem::take(&mut *self.shared.notified.lock().expect("lock poisoned"));
+        per_kind
+            .iter()
+            .filter(|(info, _)| {
+                self.quiet.get(info.kind).is_none_or(|asked| {
+                    notified.contains(info.kind) || asked.elapsed() >= QUIET_EVERY
+                })
+            })
+            .copied()
+            .collect()
+    }
+
+    /// Marks the kinds a claim asked for busy again when it took some of their jobs, and
+    /// quiet when it took none though a kind with a job due had its turn: the claim had
+    /// room for more, or took a second job of some kind (a job of every kind precedes
+    /// the second of any, at the same priority). A claim that ran out of room within
+    /// the first turn leaves the others as they were.
+    fn note_quiet(&mut self, ask: &Ask, rows: &[ClaimRow]) {
+        let now = Instant::now();
+        let mut taken: HashMap<&str, usize> = HashMap::new();
+        for row in rows {
+            *taken.entry(row.kind.as_str()).or_default() += 1;
+        }
+        let had_turn = rows.len() < ask.want || taken.values().any(|n| *n >= 2);
+        for kind in &ask.kinds {
+            if taken.contains_key(kind) {
+                self.quiet.remove(kind);
+            } else if had_turn {
+                self.quiet.insert(kind, now);
+            }
         }
     }
 
