@@ -880,6 +880,18 @@ async fn dropping_the_runtime_stops_it_and_hands_back(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(attempts, [0; 5], "handed back without spending an attempt");
+    // The dropped runtime closes its connections (its heartbeat's last) in a task of its
+    // own: the test's database can be dropped once they are gone.
+    wait_until("the dropped runtime's connections are closed", || async {
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        open <= i64::from(pool.size())
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------------------------

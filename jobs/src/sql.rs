@@ -260,6 +260,40 @@ wanted AS (
     };
 }
 
+/// The locking scan of a claim, for each row `w` of `wanted`: its first `$limit` jobs,
+/// one range of `jobs_claim` per priority in priority order from the floor, the rows
+/// another transaction holds skipped (`c`: `id, run_after, priority, ord`).
+macro_rules! locking_scan {
+    ($limit:literal) => {
+        concat!(
+            r#"CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT j.id, j.run_after, p.priority, w.ord
+            FROM generate_series(0, 9) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT id, run_after
+                FROM jobs
+                WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
+                  AND run_after <= now()
+                  AND run_after >= "#,
+            floor_of!("w", "p.priority"),
+            r#"
+                ORDER BY run_after, id
+                LIMIT "#,
+            $limit,
+            r#"
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) j
+            LIMIT "#,
+            $limit,
+            r#"
+        ) one_kind
+        LIMIT 1000
+    ) c"#
+        )
+    };
+}
+
 /// What both claims share after their CTE `picked` (`id, run_after, priority, ord` of
 /// each row locked): the rows the scans passed without taking them, the snapshot's
 /// writers, and the update.
@@ -416,26 +450,9 @@ pub(crate) const CLAIM: &str = concat!(
 picked AS MATERIALIZED (
     SELECT c.id, c.run_after, c.priority, c.ord
     FROM wanted w
-    CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT j.id, j.run_after, p.priority, w.ord
-            FROM generate_series(0, 9) AS p(priority)
-            CROSS JOIN LATERAL (
-                SELECT id, run_after
-                FROM jobs
-                WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
-                  AND run_after <= now()
-                  AND run_after >= "#,
-    floor_of!("w", "p.priority"),
+    "#,
+    locking_scan!("w.n"),
     r#"
-                ORDER BY run_after, id
-                LIMIT w.n
-                FOR NO KEY UPDATE SKIP LOCKED
-            ) j
-            LIMIT w.n
-        ) one_kind
-        LIMIT 1000
-    ) c
     LIMIT $4
 ),"#,
     claim_tail!()
@@ -519,26 +536,9 @@ picked AS MATERIALIZED (
     SELECT c.id, c.run_after, c.priority, c.ord
     FROM share s
     JOIN wanted w ON w.ord = s.ord
-    CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT j.id, j.run_after, p.priority, w.ord
-            FROM generate_series(0, 9) AS p(priority)
-            CROSS JOIN LATERAL (
-                SELECT id, run_after
-                FROM jobs
-                WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
-                  AND run_after <= now()
-                  AND run_after >= "#,
-    floor_of!("w", "p.priority"),
+    "#,
+    locking_scan!("s.n"),
     r#"
-                ORDER BY run_after, id
-                LIMIT s.n
-                FOR NO KEY UPDATE SKIP LOCKED
-            ) j
-            LIMIT s.n
-        ) one_kind
-        LIMIT 1000
-    ) c
 ),"#,
     claim_tail!()
 );
