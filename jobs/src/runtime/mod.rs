@@ -376,10 +376,18 @@ impl Runtime {
             shared.clone(),
             presence::Registration::new(self.name.clone(), &shared, self.concurrency),
         )));
-        let mut producer = tokio::spawn(producer::run(shared.clone(), executors.clone(), stop_rx));
+        // Turns true (or its sender is dropped) when the claim loop has ended: after that
+        // it starts no executor, so a drop can drain them all.
+        let (claims_over_tx, claims_over) = watch::channel(false);
+        let claim_loop = producer::run(shared.clone(), executors.clone(), stop_rx);
+        let mut producer = tokio::spawn(async move {
+            claim_loop.await;
+            let _ = claims_over_tx.send(true);
+        });
         let mut guard = DropGuard {
             stop: stop_tx,
             hard_stop: hard_tx,
+            claims_over,
             executors: executors.clone(),
             background,
             beat_stop,
@@ -564,6 +572,8 @@ async fn join_all(executors: &producer::Executors) {
 struct DropGuard {
     stop: watch::Sender<bool>,
     hard_stop: watch::Sender<bool>,
+    /// Whether the claim loop has ended (see `run_counting`).
+    claims_over: watch::Receiver<bool>,
     executors: producer::Executors,
     background: Vec<JoinHandle<()>>,
     /// Dropped (or set) to stop the heartbeat thread.
@@ -584,16 +594,23 @@ impl Drop for DropGuard {
         let executors = self.executors.clone();
         let beat_stop = self.beat_stop.clone();
         let db = self.db.clone();
+        let mut claims_over = self.claims_over.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 tracing::warn!(
                     "jobs runtime dropped while running: cancelling its handlers and handing their jobs back"
                 );
                 // The executors see the hard stop and hand their jobs back; renewals
-                // and the completer go on until they have.
+                // and the completer go on until they have. The claim loop may still
+                // be inside a claim, whose jobs it then starts: wait for it to end
+                // first, or those executors would find the connections closed and
+                // leave their jobs running until their lease expired.
                 handle.spawn(async move {
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(30), join_all(&executors)).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(30), async {
+                        let _ = claims_over.wait_for(|over| *over).await;
+                        join_all(&executors).await;
+                    })
+                    .await;
                     for task in background {
                         task.abort();
                     }
