@@ -206,9 +206,17 @@ async fn connect(url: &str, timeout: Duration) -> Result<PgConnection, Failure> 
     let (options, target) = connect_options(url)?;
     match tokio::time::timeout(timeout, PgConnection::connect_with(&options)).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(Failure::Connect(redact(format!(
-            "cannot connect to the database at {target}: {e}"
-        )))),
+        Ok(Err(e)) => {
+            // The server's message only: sqlx's display of it ends in the source line
+            // of PostgreSQL that raised it ("... at line 948").
+            let why = match &e {
+                sqlx::Error::Database(db) => db.message().to_owned(),
+                other => other.to_string(),
+            };
+            Err(Failure::Connect(redact(format!(
+                "cannot connect to the database at {target}: {why}"
+            ))))
+        }
         Err(_) => Err(Failure::Connect(format!(
             "cannot connect to the database at {target}: no answer within {}",
             output::human(timeout)

@@ -609,3 +609,21 @@ async fn web_serves_the_dashboard_until_stopped(pool: PgPool) {
     assert!(page.contains("read-only"), "{page}");
     assert!(!page.contains("method=\"post\""), "{page}");
 }
+
+/// A database the server does not have: the server's message, without the source line
+/// of PostgreSQL that raised it.
+#[tokio::test]
+async fn a_missing_database_is_named_in_the_servers_words() {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set");
+    let start = base.find("://").expect("a URL") + 3;
+    let authority = &base[start..start + base[start..].find('/').unwrap_or(base.len() - start)];
+    let url = format!("{}{authority}/jobs_no_such_database", &base[..start]);
+    let out = jobs(&url, &["stats"]).await;
+    assert_eq!(out.status.code(), Some(3));
+    let err = stderr(&out);
+    assert!(
+        err.contains("database \"jobs_no_such_database\" does not exist"),
+        "{err}"
+    );
+    assert!(!err.contains(" at line "), "{err}");
+}
