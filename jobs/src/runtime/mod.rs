@@ -5,13 +5,16 @@
 //! [`completer`] batches successful completions, the [`heartbeat`] renews leases, the
 //! [`rescuer`] returns expired claims, the [`listener`] turns notifications into wake-ups.
 
+mod ahead;
 pub(crate) mod backoff;
+mod claim;
 pub(crate) mod completer;
 pub(crate) mod executor;
 mod floors;
 mod heartbeat;
 mod listener;
 mod observe;
+mod paused;
 mod periodic;
 mod presence;
 mod producer;

@@ -19,15 +19,20 @@
 //! 3. **Gather**: work is waiting but some capacity is taken: give running handlers a
 //!    moment (`BATCH_WINDOW`) to free more, so that the claim fetches a batch instead of
 //!    a job or two.
-//! 4. **Claim**: one statement for every kind with room ([`sql::CLAIM`], or
+//! 4. **Claim**: one statement for the kinds with room ([`sql::CLAIM`], or
 //!    [`sql::CLAIM_SPLIT`] when the kinds' limits add up to more than the free
-//!    capacity: it shares the claim among them, by priority and then by turns). The
-//!    rows start in claim order (priority, run-after, id), each in an executor that
-//!    waits for a slot; the floors move ([`super::floors`]); and the claim was full if
-//!    it took all it asked for, or all it asked of some kind.
+//!    capacity: it shares the claim among them, the most urgent priority first, then by
+//!    turns). A quiet kind (its last claim found nothing) is asked for only when a
+//!    notification names it, or every `QUIET_EVERY`. The rows start in claim order,
+//!    each in an executor that waits for a slot (`super::claim`); the floors move
+//!    ([`super::floors`]); and the claim was full if it took all it asked for, or all it
+//!    asked of some kind.
+//!
+//! Before any of these, while the heartbeat cannot renew leases (no connection, or its
+//! renewals fail), the producer claims nothing, and says why every few seconds.
 //!
 //! A kind claims ahead of its free slots what its handlers finish in `AHEAD_FOR` at
-//! their recent rate (`Rates`), at most `MAX_AHEAD` over all kinds, so that short jobs
+//! their recent rate (`super::ahead`), at most `MAX_AHEAD` over all kinds, so that short jobs
 //! come in claims of hundreds at any concurrency. A claim held ahead is leased and
 //! renewed like a running one; one that finds no slot within a second goes back.
 //!
@@ -44,14 +49,14 @@ use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 use tokio::sync::{Notify, watch};
 use tokio::task::{JoinHandle, JoinSet};
-use uuid::Uuid;
 
+use super::Shared;
+use super::ahead::Rates;
 use super::backoff::Backoff;
-use super::executor::{self, Claimed};
+use super::claim::{Ask, ClaimRow, claim_order, start};
 use super::floors::{Floors, Report, Snapshot};
+use super::paused::Paused;
 use super::periodic::Periodic;
-use super::{Shared, observe};
-use crate::enqueue::millis;
 use crate::registry::HandlerInfo;
 use crate::sql;
 
@@ -68,18 +73,6 @@ const FOLLOW_UP: Duration = Duration::from_millis(10);
 /// query's own way to the server.
 const NEXT_DUE_MARGIN: Duration = Duration::from_millis(2);
 
-/// How much work a kind claims ahead of its free slots: what its handlers finish in this
-/// long at their recent rate. Short jobs come in claims of hundreds however low the
-/// concurrency; a kind whose jobs take longer than this claims nothing ahead, so that
-/// claims never wait long in one runtime while another has free slots.
-const AHEAD_FOR: Duration = Duration::from_millis(50);
-
-/// At most this many claims held ahead of free slots, over all kinds. A claim is sent
-/// once half of what the runtime may hold has started, so a fast kind at concurrency 10
-/// comes in claims of about 500 (the raw ceiling's best batch, `bench/ceiling.sh`): with
-/// 500 ahead, claims of 250 drained W2 about a tenth slower (BENCHMARKS.md).
-const MAX_AHEAD: usize = 1_000;
-
 /// How soon an idle runtime looks again while another transaction holds a write or
 /// row lock on the job table (`sql::NEXT_DUE`'s `writers`): it may commit a job without
 /// a notification (producers send one per kind every few milliseconds, and a rollback
@@ -95,51 +88,6 @@ const QUIET_EVERY: Duration = Duration::from_millis(50);
 
 /// How often a runtime that cannot renew leases (and so claims nothing) says so.
 const RENEWALS_WARN_EVERY: Duration = Duration::from_secs(5);
-
-/// How often the rates behind the claim-ahead are measured.
-const RATE_EVERY: Duration = Duration::from_millis(100);
-
-/// One row of a claim ([`sql::CLAIM`]).
-struct ClaimRow {
-    id: i64,
-    kind: String,
-    attempts: i32,
-    max_attempts: i32,
-    claimed_by: Uuid,
-    payload: String,
-    waited: Option<f64>,
-    run_after: Option<f64>,
-    priority: i16,
-    held_back: Option<f64>,
-    at: Option<f64>,
-    xmax: Option<i64>,
-    writers: Option<Vec<i64>>,
-    waiting: Option<f64>,
-    since: Option<f64>,
-}
-
-impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for ClaimRow {
-    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
-        use sqlx::Row;
-        Ok(ClaimRow {
-            id: row.try_get("id")?,
-            kind: row.try_get("kind")?,
-            attempts: row.try_get("attempts")?,
-            max_attempts: row.try_get("max_attempts")?,
-            claimed_by: row.try_get("claimed_by")?,
-            payload: row.try_get("payload")?,
-            waited: row.try_get("waited")?,
-            run_after: row.try_get("run_after")?,
-            priority: row.try_get("priority")?,
-            held_back: row.try_get("held_back")?,
-            at: row.try_get("at")?,
-            xmax: row.try_get("xmax")?,
-            writers: row.try_get("writers")?,
-            waiting: row.try_get("waiting")?,
-            since: row.try_get("since")?,
-        })
-    }
-}
 
 /// The running executors. Owned by the runtime, not by the producer: if the producer
 /// panics, the runtime still lets them finish and hands their jobs back.
@@ -579,106 +527,6 @@ fn claim_backoff() -> Backoff {
     Backoff::new(Duration::from_millis(100), Duration::from_secs(30))
 }
 
-/// The kinds an operator has paused (`jobs::admin::pause`), as last read.
-#[derive(Default)]
-struct Paused {
-    kinds: std::collections::HashSet<String>,
-    read_at: Option<Instant>,
-}
-
-impl Paused {
-    /// Reads the paused kinds again; keeps the last reading if the database does not
-    /// answer (the claim that follows reports the outage).
-    async fn read(&mut self, shared: &Shared, conn: &mut Option<PoolConnection<Postgres>>) {
-        let query = async {
-            let c = match conn {
-                Some(c) => c,
-                None => conn.insert(shared.db.acquire().await?),
-            };
-            crate::pooler::alone!(
-                &mut **c,
-                crate::pooler::query_scalar::<_, String>(sql::PAUSED_KINDS),
-                fetch_all
-            )
-            .await
-        };
-        self.read_at = Some(Instant::now());
-        match super::answer_within(shared.answer_within, "the paused kinds", query).await {
-            Ok(kinds) => {
-                let kinds: std::collections::HashSet<String> = kinds.into_iter().collect();
-                for kind in kinds.difference(&self.kinds) {
-                    tracing::info!(job.kind = %kind, "kind paused: not claiming it");
-                }
-                for kind in self.kinds.difference(&kinds) {
-                    tracing::info!(job.kind = %kind, "kind resumed");
-                }
-                self.kinds = kinds;
-            }
-            Err(e) => {
-                *conn = None;
-                tracing::debug!(error = %crate::error::server_message(&e), "cannot read the paused kinds");
-            }
-        }
-    }
-}
-
-/// Each kind's recent rate of ended claims, and what it may claim ahead of its free
-/// slots accordingly (`AHEAD_FOR` of work, `MAX_AHEAD` in all).
-struct Rates {
-    at: Instant,
-    ended: HashMap<&'static str, u64>,
-    /// Claims ended per second, smoothed over the last few measurements.
-    rate: HashMap<&'static str, f64>,
-    ahead: HashMap<&'static str, usize>,
-    /// The sum of `ahead`.
-    total: usize,
-}
-
-impl Rates {
-    fn new(shared: &Shared) -> Self {
-        Rates {
-            at: Instant::now(),
-            ended: shared.ended(),
-            rate: HashMap::new(),
-            ahead: HashMap::new(),
-            total: 0,
-        }
-    }
-
-    /// Measures the rates again if `RATE_EVERY` has passed.
-    fn measure(&mut self, shared: &Shared) {
-        let elapsed = self.at.elapsed();
-        if elapsed < RATE_EVERY {
-            return;
-        }
-        let ended = shared.ended();
-        let mut wanted = Vec::new();
-        for (kind, n) in &ended {
-            let done = n - self.ended.get(kind).copied().unwrap_or(0);
-            let now = done as f64 / elapsed.as_secs_f64();
-            let rate = self.rate.entry(kind).or_insert(now);
-            *rate = (*rate + now) / 2.0;
-            wanted.push((*kind, (*rate * AHEAD_FOR.as_secs_f64()) as usize));
-        }
-        // Over the cap, every kind's share shrinks in proportion.
-        let sum: usize = wanted.iter().map(|(_, n)| n).sum();
-        self.ahead = wanted
-            .into_iter()
-            .map(|(kind, n)| {
-                let n = if sum > MAX_AHEAD {
-                    n * MAX_AHEAD / sum
-                } else {
-                    n
-                };
-                (kind, n)
-            })
-            .collect();
-        self.total = self.ahead.values().sum();
-        self.at = Instant::now();
-        self.ended = ended;
-    }
-}
-
 /// How long until the next job of the kinds with free capacity becomes due, on the
 /// database clock (`None` if none is scheduled or the database does not answer: then
 /// the poll covers it), and whether another transaction holds a write or row lock on
@@ -739,171 +587,4 @@ async fn sleep_until_due(due: Option<Duration>) {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
     }
-}
-
-/// What one claim asks for: the kinds with free capacity, each kind's limit, lease and
-/// floors, the total, and the statement that fits.
-struct Ask {
-    kinds: Vec<&'static str>,
-    limits: Vec<i32>,
-    leases: Vec<i64>,
-    floors: Vec<f64>,
-    writers: (Vec<i64>, Vec<f64>),
-    want: usize,
-    statement: &'static str,
-}
-
-impl Ask {
-    /// The claim of every kind with free capacity, from its floors, listed from the
-    /// `first`-th (modulo their number: the order in which kinds take a turn). None if
-    /// no kind has room.
-    fn new(
-        total_free: usize,
-        per_kind: &[(&'static HandlerInfo, usize)],
-        floors: &Floors,
-        first: usize,
-    ) -> Option<Ask> {
-        let mut ask = Ask {
-            kinds: Vec::new(),
-            limits: Vec::new(),
-            leases: Vec::new(),
-            floors: Vec::new(),
-            writers: floors.writers(),
-            want: 0,
-            statement: "",
-        };
-        let mut asked = 0usize;
-        let skip = first % per_kind.len().max(1);
-        let rotated = per_kind[skip..].iter().chain(&per_kind[..skip]);
-        let with_room = per_kind.iter().filter(|(_, free)| *free > 0).count();
-        // Each kind's share, twice over: the split claim reads each kind's first jobs
-        // up to its limit before it shares them out, and ten busy kinds each allowed the
-        // whole claim read ten times what it took (W2 over ten busy kinds: 14,000
-        // jobs/s). A kind that takes its whole limit counts as full (`filled`), so the
-        // next claim follows at once.
-        let share = (2 * total_free).div_ceil(with_room.max(1)).max(1);
-        for (info, free) in rotated.filter(|(_, free)| *free > 0) {
-            // The statement takes at most `sql::CLAIM_MAX_PER_KIND` of a kind.
-            let free = (*free).min(sql::CLAIM_MAX_PER_KIND).min(share);
-            ask.kinds.push(info.kind);
-            ask.limits.push(i32::try_from(free).unwrap_or(i32::MAX));
-            ask.leases.push(millis(info.config.lease_length()));
-            ask.floors.extend(floors.of(info.kind));
-            asked = asked.saturating_add(free);
-        }
-        if ask.kinds.is_empty() {
-            return None;
-        }
-        ask.want = asked.min(total_free);
-        // The kinds' limits add up to more than the claim takes (several kinds, each
-        // allowed all the free slots): the claim that shares the limit among them.
-        ask.statement = if asked > ask.want {
-            sql::CLAIM_SPLIT
-        } else {
-            sql::CLAIM
-        };
-        Some(ask)
-    }
-
-    /// Whether more may be waiting: the claim took all it asked for, or all it asked of
-    /// some kind (a kind's limit, `sql::CLAIM_MAX_PER_KIND` at most, may be less than
-    /// the total).
-    fn filled(&self, rows: &[ClaimRow]) -> bool {
-        if rows.len() >= self.want {
-            return true;
-        }
-        let mut taken: HashMap<&str, usize> = HashMap::new();
-        for row in rows {
-            *taken.entry(row.kind.as_str()).or_default() += 1;
-        }
-        self.kinds.iter().zip(&self.limits).any(|(kind, limit)| {
-            taken.get(kind).copied().unwrap_or(0) >= usize::try_from(*limit).unwrap_or(0)
-        })
-    }
-
-    /// Runs the claim on `conn`.
-    async fn fetch(
-        &self,
-        shared: &Shared,
-        conn: &mut PoolConnection<Postgres>,
-    ) -> Result<Vec<ClaimRow>, sqlx::Error> {
-        crate::pooler::alone!(
-            &mut **conn,
-            crate::pooler::query_as(self.statement)
-                .bind(&self.kinds)
-                .bind(&self.limits)
-                .bind(&self.leases)
-                .bind(i32::try_from(self.want).unwrap_or(i32::MAX))
-                .bind(&self.floors)
-                .bind(shared.runtime_id)
-                .bind(&self.writers.0)
-                .bind(&self.writers.1),
-            fetch_all
-        )
-        .await
-    }
-}
-
-/// A claim's rows in the order they start (the update returns them by id): the most
-/// urgent priority first; within it the kinds take turns in the order of `kinds` (each
-/// kind's n-th job, by run-after and id, before any kind's n+1-th), as the claim shared
-/// them.
-fn claim_order(mut rows: Vec<ClaimRow>, kinds: &[&'static str]) -> Vec<ClaimRow> {
-    let position = |kind: &str| kinds.iter().position(|k| *k == kind).unwrap_or(usize::MAX);
-    rows.sort_by(|a, b| {
-        (position(&a.kind), a.priority)
-            .cmp(&(position(&b.kind), b.priority))
-            .then(
-                (a.run_after, a.id)
-                    .partial_cmp(&(b.run_after, b.id))
-                    .unwrap_or(std::cmp::Ordering::Equal),
-            )
-    });
-    let mut turn = Vec::with_capacity(rows.len());
-    for (i, row) in rows.iter().enumerate() {
-        let same = i > 0 && (&rows[i - 1].kind, rows[i - 1].priority) == (&row.kind, row.priority);
-        turn.push(if same { turn[i - 1] + 1 } else { 0 });
-    }
-    let mut keyed: Vec<(i16, usize, ClaimRow)> = rows
-        .into_iter()
-        .zip(turn)
-        .map(|(row, turn)| (row.priority, turn, row))
-        .collect();
-    // Stable: within a turn, kinds keep their order.
-    keyed.sort_by_key(|(priority, turn, _)| (*priority, *turn));
-    keyed.into_iter().map(|(_, _, row)| row).collect()
-}
-
-/// Starts the executor of a claimed job.
-fn start(shared: &Arc<Shared>, row: ClaimRow, executors: &mut JoinSet<()>) {
-    let Some(&handler) = shared.handlers.get(row.kind.as_str()) else {
-        // Cannot happen: the claim names only kinds with a handler.
-        tracing::error!(job.id = row.id, job.kind = %row.kind, "claimed a job of a kind with no handler");
-        return;
-    };
-    shared.take_slot(handler.kind);
-    observe::claimed(handler.kind, row.waited.unwrap_or(0.0));
-    // The database's clock at the claim: the job's run-after plus how long it waited.
-    let db_claimed_us = match (row.run_after, row.waited) {
-        (Some(run_after), Some(waited)) => Some(((run_after + waited) * 1e6) as i64),
-        _ => None,
-    };
-    let claimed = Claimed {
-        id: row.id,
-        attempt: u32::try_from(row.attempts).unwrap_or(0),
-        max_attempts: u32::try_from(row.max_attempts).unwrap_or(1),
-        token: row.claimed_by,
-        payload: row.payload,
-        claimed_at: Instant::now(),
-        db_claimed_us,
-    };
-    // Boxed: the executor's future is about 1.8 KB, and a task's future is moved and
-    // its stage rewritten several times between its spawn and its end (`memmove` was 9 %
-    // of the runtime's samples in W2, about half of it in the spawn); the box moves as a
-    // pointer.
-    executors.spawn(Box::pin(executor::execute(
-        shared.clone(),
-        handler,
-        claimed,
-    )));
 }

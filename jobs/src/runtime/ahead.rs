@@ -1,0 +1,79 @@
+//! Claims ahead of free slots: each kind's recent rate of ended claims, and what it
+//! may claim ahead of its free slots accordingly.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::Shared;
+
+/// How much work a kind claims ahead of its free slots: what its handlers finish in this
+/// long at their recent rate. Short jobs come in claims of hundreds however low the
+/// concurrency; a kind whose jobs take longer than this claims nothing ahead, so that
+/// claims never wait long in one runtime while another has free slots.
+const AHEAD_FOR: Duration = Duration::from_millis(50);
+
+/// At most this many claims held ahead of free slots, over all kinds. A claim is sent
+/// once half of what the runtime may hold has started, so a fast kind at concurrency 10
+/// comes in claims of about 500 (the raw ceiling's best batch, `bench/ceiling.sh`): with
+/// 500 ahead, claims of 250 drained W2 about a tenth slower (BENCHMARKS.md).
+const MAX_AHEAD: usize = 1_000;
+
+/// How often the rates behind the claim-ahead are measured.
+const RATE_EVERY: Duration = Duration::from_millis(100);
+
+/// Each kind's recent rate of ended claims, and what it may claim ahead of its free
+/// slots accordingly (`AHEAD_FOR` of work, `MAX_AHEAD` in all).
+pub(super) struct Rates {
+    at: Instant,
+    ended: HashMap<&'static str, u64>,
+    /// Claims ended per second, smoothed over the last few measurements.
+    rate: HashMap<&'static str, f64>,
+    pub(super) ahead: HashMap<&'static str, usize>,
+    /// The sum of `ahead`.
+    pub(super) total: usize,
+}
+
+impl Rates {
+    pub(super) fn new(shared: &Shared) -> Self {
+        Rates {
+            at: Instant::now(),
+            ended: shared.ended(),
+            rate: HashMap::new(),
+            ahead: HashMap::new(),
+            total: 0,
+        }
+    }
+
+    /// Measures the rates again if `RATE_EVERY` has passed.
+    pub(super) fn measure(&mut self, shared: &Shared) {
+        let elapsed = self.at.elapsed();
+        if elapsed < RATE_EVERY {
+            return;
+        }
+        let ended = shared.ended();
+        let mut wanted = Vec::new();
+        for (kind, n) in &ended {
+            let done = n - self.ended.get(kind).copied().unwrap_or(0);
+            let now = done as f64 / elapsed.as_secs_f64();
+            let rate = self.rate.entry(kind).or_insert(now);
+            *rate = (*rate + now) / 2.0;
+            wanted.push((*kind, (*rate * AHEAD_FOR.as_secs_f64()) as usize));
+        }
+        // Over the cap, every kind's share shrinks in proportion.
+        let sum: usize = wanted.iter().map(|(_, n)| n).sum();
+        self.ahead = wanted
+            .into_iter()
+            .map(|(kind, n)| {
+                let n = if sum > MAX_AHEAD {
+                    n * MAX_AHEAD / sum
+                } else {
+                    n
+                };
+                (kind, n)
+            })
+            .collect();
+        self.total = self.ahead.values().sum();
+        self.at = Instant::now();
+        self.ended = ended;
+    }
+}
