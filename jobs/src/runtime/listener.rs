@@ -36,9 +36,10 @@ pub(super) async fn run(shared: Arc<Shared>) {
             }
         };
         backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-        // Notifications may have been missed: catch up, paused kinds included.
+        // Notifications may have been missed: catch up, paused kinds included, and
+        // every kind (a quiet one is otherwise asked for only when named).
         shared.paused_changed.store(true, Ordering::Release);
-        shared.wake.notify_one();
+        catch_up(&shared);
         shared.reconnected.notify_one();
         loop {
             match listener.try_recv().await {
@@ -64,7 +65,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
                     // The connection was lost; the next call reconnects and listens
                     // again. What was sent meanwhile is lost: catch up now.
                     tracing::debug!("notification connection lost; reconnecting");
-                    shared.wake.notify_one();
+                    catch_up(&shared);
                 }
                 Err(e) => {
                     tracing::warn!(error = %crate::error::server_message(&e), "notification connection failed; reconnecting");
@@ -73,6 +74,16 @@ pub(super) async fn run(shared: Arc<Shared>) {
             }
         }
     }
+}
+
+/// Wakes the producer to claim every kind: notifications may have been missed.
+fn catch_up(shared: &Shared) {
+    shared
+        .notified
+        .lock()
+        .expect("lock poisoned")
+        .extend(shared.handlers.keys().copied());
+    shared.wake.notify_one();
 }
 
 async fn connect(shared: &Shared) -> Result<PgListener, sqlx::Error> {

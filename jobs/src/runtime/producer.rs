@@ -285,13 +285,15 @@ impl Producer {
         };
         self.more = true;
         if due == Some(Duration::ZERO) {
-            // A job became due after the last claim looked: claim it now.
+            // A job became due after the last claim looked: claim it now, of whatever
+            // kind (no notification named it).
+            self.quiet.clear();
             return;
         }
-        // Claims after an idle spell ask for every kind.
-        self.quiet.clear();
         let probing = self.probe.is_some();
-        self.follow_up = tokio::select! {
+        // A notification names its kind; any other wake-up (the poll, a job due, a
+        // writer that may have committed, the probe) asks for every kind.
+        let notified = tokio::select! {
             _ = self.shared.wake.notified() => true,
             _ = self.poll.tick() => false,
             () = sleep_until_due(due) => false,
@@ -299,6 +301,10 @@ impl Producer {
             _ = self.probe_done.notified(), if probing => false,
             _ = self.stop.changed() => false,
         };
+        if !notified {
+            self.quiet.clear();
+        }
+        self.follow_up = notified;
     }
 
     /// Work is waiting but some capacity is taken: gives running handlers a moment to
