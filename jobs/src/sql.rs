@@ -206,12 +206,21 @@ SELECT coalesce((SELECT array_agg(id ORDER BY id) FROM plain), '{}'::bigint[]),
 /// Reads `pg_locks` (about 0.1 ms).
 macro_rules! writers {
     () => {
-        "EXISTS (SELECT 1 FROM pg_locks l
-                WHERE l.locktype = 'relation' AND l.relation = 'jobs'::regclass
-                  AND l.database = (SELECT d.oid FROM pg_database d
-                                    WHERE d.datname = current_database())
-                  AND l.mode IN ('RowExclusiveLock', 'RowShareLock')
-                  AND l.pid <> pg_backend_pid())"
+        concat!(
+            "EXISTS (SELECT 1 FROM pg_locks l WHERE ",
+            write_lock_on_jobs!(),
+            " AND l.pid <> pg_backend_pid())"
+        )
+    };
+}
+
+/// The condition on a row `l` of `pg_locks` that it is a write or row lock on `jobs` in
+/// this database, the mark of a writer in [`NEXT_DUE`] and in the claims' report.
+macro_rules! write_lock_on_jobs {
+    () => {
+        "(l.locktype = 'relation' AND l.relation = 'jobs'::regclass
+          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+          AND l.mode IN ('RowExclusiveLock', 'RowShareLock'))"
     };
 }
 
@@ -351,10 +360,9 @@ locks AS MATERIALIZED (
     FROM pg_locks l
     WHERE NOT l.granted
        OR l.locktype = 'transactionid'
-       OR (l.locktype = 'relation' AND l.relation = 'jobs'::regclass
-           AND l.database = (SELECT d.oid FROM pg_database d
-                             WHERE d.datname = current_database())
-           AND l.mode IN ('RowExclusiveLock', 'RowShareLock'))
+       OR "#,
+            write_lock_on_jobs!(),
+            r#"
 ),
 writers AS MATERIALIZED (
     SELECT sn.at, pg_snapshot_xmax(sn.s)::text::bigint AS xmax,

@@ -239,7 +239,13 @@ impl Producer {
         loop {
             let ready = tokio::time::timeout(RENEWALS_WARN_EVERY, async {
                 tokio::select! {
-                    _ = renewing.wait_for(|ok| *ok) => {}
+                    gone = async { renewing.wait_for(|ok| *ok).await.is_err() } => {
+                        if gone {
+                            // The heartbeat has stopped (its thread ended): it never
+                            // renews again; say so every few seconds, never spin.
+                            std::future::pending::<()>().await;
+                        }
+                    }
                     _ = self.stop.changed() => {}
                 }
             })
@@ -247,7 +253,11 @@ impl Producer {
             if ready.is_ok() || *self.stop.borrow() {
                 return;
             }
-            let why = self.shared.why_not.lock().expect("lock poisoned").clone();
+            let why = if renewing.has_changed().is_err() {
+                Some("the heartbeat's thread has stopped".to_owned())
+            } else {
+                self.shared.why_not.lock().expect("lock poisoned").clone()
+            };
             let server = connection_budget(&self.shared).await;
             tracing::warn!(
                 error = why.as_deref().unwrap_or("no answer yet"),
