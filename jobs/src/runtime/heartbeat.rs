@@ -36,6 +36,9 @@ pub(super) struct Beat {
     pub renewing: watch::Sender<bool>,
     /// Why they cannot, in the server's words.
     pub why_not: Arc<Mutex<Option<String>>>,
+    /// The runtime's pool: when the server refuses the renewals a connection of their
+    /// own, they take one of its idle connections instead.
+    pub fallback: sqlx::PgPool,
 }
 
 impl Beat {
@@ -75,8 +78,30 @@ pub(super) fn spawn(beat: Beat) -> std::io::Result<std::thread::JoinHandle<()>> 
         })
 }
 
-/// A connection for the renewals, with the application pool's `search_path`.
+/// A connection for the renewals: one of their own, or, when the server refuses it
+/// (its connection limit), an idle one taken out of the runtime's pool. The renewals
+/// never lose a connection to the runtime's other statements: a producer that cannot
+/// renew claims nothing and lets go of its connection. (A taken connection's I/O is
+/// driven by the application's runtime, like the pool's: until it breaks, renewals
+/// then share the application's threads.)
 async fn connect(beat: &Beat) -> Result<PgConnection, sqlx::Error> {
+    match connect_own(beat).await {
+        Ok(conn) => Ok(conn),
+        Err(e) => match beat.fallback.try_acquire() {
+            Some(conn) => {
+                tracing::warn!(
+                    error = %crate::error::server_message(&e),
+                    "the renewals take a connection of the runtime's pool: the server refused them one of their own"
+                );
+                Ok(conn.detach())
+            }
+            None => Err(e),
+        },
+    }
+}
+
+/// A connection of the renewals' own, with the application pool's `search_path`.
+async fn connect_own(beat: &Beat) -> Result<PgConnection, sqlx::Error> {
     let mut conn = beat.connect.connect().await?;
     if let Some(path) = &beat.search_path {
         crate::pooler::query("SELECT set_config('search_path', $1, false)")

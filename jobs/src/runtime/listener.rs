@@ -30,7 +30,8 @@ pub(super) async fn run(shared: Arc<Shared>) {
             Ok(listener) => listener,
             Err(e) => {
                 let wait = backoff.next();
-                tracing::warn!(error = %crate::error::server_message(&e), retry_in = ?wait, "cannot listen for job notifications; polling meanwhile");
+                let error = super::connections::why(&shared, &e).await;
+                tracing::warn!(%error, retry_in = ?wait, "cannot listen for job notifications; polling meanwhile");
                 tokio::time::sleep(wait).await;
                 continue;
             }

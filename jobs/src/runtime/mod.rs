@@ -9,6 +9,7 @@ mod ahead;
 pub(crate) mod backoff;
 mod claim;
 pub(crate) mod completer;
+mod connections;
 pub(crate) mod executor;
 mod floors;
 mod heartbeat;
@@ -84,6 +85,10 @@ pub struct Runtime {
 /// retention prune. Handlers use the application's pool; the runtime's statements never
 /// wait behind them for a connection.
 pub const RUNTIME_CONNECTIONS: u32 = 6;
+
+/// How long the runtime's statements wait for a connection of its pool (at most; the
+/// application pool's wait when shorter).
+const CONNECTION_WAIT: Duration = Duration::from_secs(5);
 
 impl Runtime {
     /// A runtime over `pool` with the defaults: concurrency 10, poll every second,
@@ -224,6 +229,15 @@ impl Runtime {
             .clone()
             .max_connections(RUNTIME_CONNECTIONS - 1) // the heartbeat has its own
             .min_connections(0)
+            // A connection refused by the server is retried until this wait runs out:
+            // the producer then says why in the server's words, every few seconds
+            // rather than after the application pool's wait (30 s by default).
+            .acquire_timeout(
+                self.pool
+                    .options()
+                    .get_acquire_timeout()
+                    .min(CONNECTION_WAIT),
+            )
             // A statement abandoned at its time limit leaves its connection in the
             // middle of an answer, and sqlx pings every released connection with no time
             // limit: a silently dead one never answers, and its slot in this small pool
@@ -347,6 +361,7 @@ impl Runtime {
             stop: beat_stop_rx,
             renewing: renewing_tx,
             why_not,
+            fallback: shared.db.clone(),
         }) {
             Ok(beat) => beat,
             Err(e) => {

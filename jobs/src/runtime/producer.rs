@@ -234,6 +234,8 @@ impl Producer {
     /// nothing until it can, and says why every few seconds, in the server's words, with
     /// what the runtime needs.
     async fn wait_for_renewals(&mut self) {
+        // The renewals may need it (`heartbeat::connect`).
+        self.conn = None;
         let waited = Instant::now();
         let mut renewing = self.shared.renewing.clone();
         loop {
@@ -258,7 +260,7 @@ impl Producer {
             } else {
                 self.shared.why_not.lock().expect("lock poisoned").clone()
             };
-            let server = connection_budget(&self.shared).await;
+            let server = super::connections::budget(&self.shared).await;
             tracing::warn!(
                 error = why.as_deref().unwrap_or("no answer yet"),
                 waited = ?waited.elapsed(),
@@ -448,7 +450,8 @@ impl Producer {
     async fn claim_failed(&mut self, e: &sqlx::Error) {
         self.conn = None;
         let wait = self.backoff.after(e);
-        tracing::warn!(error = %crate::error::server_message(e), retry_in = ?wait, "cannot claim jobs; retrying");
+        let error = super::connections::why(&self.shared, e).await;
+        tracing::warn!(%error, retry_in = ?wait, "cannot claim jobs; retrying");
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = self.shared.reconnected.notified() => {}
@@ -504,7 +507,12 @@ impl Producer {
             }
             Ok((Err(e), took)) => {
                 self.floors.probe_ended(took);
-                tracing::warn!(error = %crate::error::server_message(&e), "cannot look behind the claims' floors; retrying");
+                if matches!(e, sqlx::Error::PoolTimedOut) {
+                    // The claims say why the runtime's pool has no connection.
+                    tracing::debug!("no connection for a look behind the claims' floors");
+                } else {
+                    tracing::warn!(error = %crate::error::server_message(&e), "cannot look behind the claims' floors; retrying");
+                }
                 false
             }
             Err(e) => {
@@ -518,25 +526,6 @@ impl Producer {
 /// The floor probe's answer: what it found behind the floors (kind, priority,
 /// run-after), and how long it took.
 type ProbeAnswer = (Result<Vec<(String, i16, f64)>, sqlx::Error>, Duration);
-
-/// The server's connection limits as the application's pool sees them (`max_connections`
-/// and how many are open), or why they cannot be read.
-async fn connection_budget(shared: &Shared) -> String {
-    let query = crate::pooler::query_as::<_, (String, i64)>(
-        "SELECT current_setting('max_connections'), (SELECT count(*) FROM pg_stat_activity)",
-    )
-    .fetch_one(&shared.pool);
-    match tokio::time::timeout(Duration::from_secs(1), query).await {
-        Ok(Ok((max, open))) => format!("max_connections = {max}, {open} open"),
-        Ok(Err(e)) => format!(
-            "max_connections unknown: {}",
-            crate::error::server_message(&e)
-        ),
-        Err(_) => {
-            "max_connections unknown: the application's pool has no free connection".to_owned()
-        }
-    }
-}
 
 /// The backoff between failed claims.
 fn claim_backoff() -> Backoff {

@@ -56,7 +56,8 @@ pub(super) async fn run(shared: Arc<Shared>, every: Duration) {
                 shared.wake.notify_one();
             }
             Err(e) => {
-                tracing::warn!(error = %crate::error::server_message(&e), "cannot look for expired claims; retrying")
+                let error = super::connections::why(&shared, &e).await;
+                tracing::warn!(%error, "cannot look for expired claims; retrying");
             }
         }
     }
@@ -104,7 +105,11 @@ async fn prune_one(shared: &Shared, kind: &str, retain: Duration, which: Retaine
     match result {
         Ok(n) => n >= batch as u64,
         Err(e) => {
-            tracing::warn!(error = %e, job.kind = kind, rows = ?which, "cannot prune old jobs");
+            let error = match &e {
+                crate::Error::Database(db) => super::connections::why(shared, db).await,
+                other => other.to_string(),
+            };
+            tracing::warn!(%error, job.kind = kind, rows = ?which, "cannot prune old jobs");
             false
         }
     }

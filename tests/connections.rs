@@ -1,0 +1,145 @@
+//! Connections are a budget the runtime holds: under a connection limit its renewals
+//! never lose their connection to its other statements, it claims nothing it cannot
+//! renew, and every job runs once.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use jobs::{Job, JobContext, JobError};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use common::{Running, count, runtime, wait_until};
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "conn.slow", lease = "2s", retain = "1h")]
+struct Slow {
+    n: i32,
+}
+
+/// Handler runs, across this binary's tests (each test has a kind of its own).
+static SLOW_RUNS: AtomicU64 = AtomicU64::new(0);
+
+/// Outlives its lease: only renewals keep the claim.
+#[jobs::handler]
+async fn slow(_job: Slow, _ctx: JobContext) -> Result<(), JobError> {
+    SLOW_RUNS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    Ok(())
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "conn.cut", lease = "2s", retain = "1h")]
+struct Cut {
+    n: i32,
+}
+
+static CUT_RUNS: AtomicU64 = AtomicU64::new(0);
+
+#[jobs::handler]
+async fn cut(_job: Cut, _ctx: JobContext) -> Result<(), JobError> {
+    CUT_RUNS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    Ok(())
+}
+
+/// A login role of this test's own (roles are cluster-wide) with the runtime's grants
+/// and at most `limit` connections, and a lazy pool of it: the application's pool
+/// holds no connection until a handler or the runtime asks for one.
+async fn limited_role(admin: &PgPool, opts: &PgConnectOptions, limit: i32) -> (String, PgPool) {
+    let role = format!("jobs_conn_{}", uuid::Uuid::new_v4().simple());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN CONNECTION LIMIT {limit};
+         GRANT USAGE ON SCHEMA public TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON jobs, jobs_runtimes, jobs_throughput TO {role};
+         GRANT SELECT ON jobs_paused TO {role};"
+    )))
+    .execute(admin)
+    .await
+    .unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_lazy_with(opts.clone().username(&role));
+    (role, pool)
+}
+
+async fn set_limit(admin: &PgPool, role: &str, limit: i32) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER ROLE {role} CONNECTION LIMIT {limit}"
+    )))
+    .execute(admin)
+    .await
+    .unwrap();
+}
+
+/// Ends every session of `role`, as a restart of a pooler or a failover does.
+async fn cut_sessions(admin: &PgPool, role: &str) {
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1")
+        .bind(role)
+        .execute(admin)
+        .await
+        .unwrap();
+}
+
+/// While the runtime has room for two of its connections it runs no job twice (before,
+/// its renewals lost their connection, and 20 jobs ran 44 times in 25 s), and once it
+/// has room it runs every job.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn short_of_connections_no_job_runs_twice(pool_opts: PgPoolOptions, opts: PgConnectOptions) {
+    let admin: PgPool = pool_opts.connect_with(opts.clone()).await.unwrap();
+    let (role, limited) = limited_role(&admin, &opts, 2).await;
+    for n in 0..20 {
+        Slow { n }.enqueue(&admin).await.unwrap();
+    }
+    let running = Running::start(runtime(&limited, &["conn.slow"]).concurrency(10));
+    // Longer than a lease and a handler: a job claimed without renewals would run again.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(SLOW_RUNS.load(Ordering::SeqCst) <= 20);
+    set_limit(&admin, &role, 20).await;
+    wait_until("every job completed", || async {
+        count(&admin, "done").await == 20
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(SLOW_RUNS.load(Ordering::SeqCst), 20, "a job ran twice");
+    let attempts: i32 = sqlx::query_scalar("SELECT max(attempts) FROM jobs")
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 1);
+    cut_sessions(&admin, &role).await;
+}
+
+/// Cut mid-run and allowed back only two connections: the renewals get one of them,
+/// and no running job is claimed again.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_cut_under_a_connection_limit_runs_no_job_twice(
+    pool_opts: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let admin: PgPool = pool_opts.connect_with(opts.clone()).await.unwrap();
+    let (role, limited) = limited_role(&admin, &opts, 20).await;
+    for n in 0..30 {
+        Cut { n }.enqueue(&admin).await.unwrap();
+    }
+    let running = Running::start(runtime(&limited, &["conn.cut"]).concurrency(10));
+    wait_until("ten jobs running", || async {
+        count(&admin, "running").await == 10
+    })
+    .await;
+    set_limit(&admin, &role, 2).await;
+    cut_sessions(&admin, &role).await;
+    // Longer than a lease: the running jobs' claims live only if renewals go on.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    set_limit(&admin, &role, 20).await;
+    wait_until("every job completed", || async {
+        count(&admin, "done").await == 30
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(CUT_RUNS.load(Ordering::SeqCst), 30, "a job ran twice");
+    cut_sessions(&admin, &role).await;
+}
