@@ -152,25 +152,26 @@ const LOCKED_RETRY: Duration = Duration::from_millis(50);
 /// How often a busy completer adds the counted throughput to `jobs_throughput`.
 const THROUGHPUT_EVERY: Duration = Duration::from_secs(5);
 
-/// Adds the throughput counted so far to `jobs_throughput`, on the completer's
-/// connection; what cannot be written now is kept for the next time.
-async fn flush_throughput(
-    db: &PgPool,
-    conn: &mut Option<PoolConnection<Postgres>>,
-    throughput: &super::throughput::Throughput,
+/// The completer's state between rounds.
+struct Completer {
+    db: PgPool,
+    rx: mpsc::Receiver<Completion>,
+    flights: Arc<Mutex<HashMap<Uuid, Flight>>>,
+    wake: Arc<Notify>,
     answer_within: Duration,
-) {
-    let write = async {
-        let c = match conn {
-            Some(c) => c,
-            None => conn.insert(db.acquire().await?),
-        };
-        throughput.flush(c).await
-    };
-    if let Err(e) = super::answer_within(answer_within, "the throughput history", write).await {
-        *conn = None;
-        tracing::debug!(error = %crate::error::server_message(&e), "cannot write the throughput history; keeping it for later");
-    }
+    throughput: Arc<super::throughput::Throughput>,
+    /// The round being written.
+    batch: Vec<Completion>,
+    /// Completions whose row was locked, tried again with the next round.
+    waiting: Vec<Completion>,
+    /// Held across batches while completions keep coming (a pool connection is pinged
+    /// on every acquire), given back to the pool after a quiet moment.
+    conn: Option<PoolConnection<Postgres>>,
+    /// Every sender is gone: the runtime has stopped.
+    closed: bool,
+    flushed: std::time::Instant,
+    /// Write the throughput after this round's completions.
+    flush_after: bool,
 }
 
 /// Writes completions as they come, batching whatever has queued up while the previous
@@ -184,121 +185,166 @@ async fn flush_throughput(
 /// pending (a re-run mark) wakes this runtime's producer (`wake`).
 pub(crate) async fn run(
     db: PgPool,
-    mut rx: mpsc::Receiver<Completion>,
+    rx: mpsc::Receiver<Completion>,
     flights: Arc<Mutex<HashMap<Uuid, Flight>>>,
     wake: Arc<Notify>,
     answer_within: Duration,
     throughput: Arc<super::throughput::Throughput>,
 ) {
-    let mut batch = Vec::with_capacity(256);
-    // Completions whose row was locked, tried again with the next round.
-    let mut waiting: Vec<Completion> = Vec::new();
-    // Held across batches while completions keep coming (a pool connection is pinged
-    // on every acquire), given back to the pool after a quiet moment.
-    let mut conn: Option<PoolConnection<Postgres>> = None;
-    let mut closed = false;
-    let mut flushed = std::time::Instant::now();
-    let mut flush_after = false;
+    let mut completer = Completer {
+        db,
+        rx,
+        flights,
+        wake,
+        answer_within,
+        throughput,
+        batch: Vec::with_capacity(256),
+        waiting: Vec::new(),
+        conn: None,
+        closed: false,
+        flushed: std::time::Instant::now(),
+        flush_after: false,
+    };
     loop {
-        if flush_after {
-            flush_after = false;
-            flush_throughput(&db, &mut conn, &throughput, answer_within).await;
-            flushed = std::time::Instant::now();
+        if std::mem::take(&mut completer.flush_after) {
+            completer.flush_throughput().await;
         }
-        let wait = if waiting.is_empty() {
-            HOLD
-        } else {
-            LOCKED_RETRY
-        };
-        if !closed {
-            match tokio::time::timeout(wait, rx.recv_many(&mut batch, MAX_BATCH)).await {
-                Ok(0) => closed = true, // every sender is gone: the runtime has stopped
-                Ok(_) => {}
-                Err(_) if waiting.is_empty() => {
-                    // Quiet: write the throughput counted so far, then let go of the
-                    // connection until completions come again.
-                    flush_throughput(&db, &mut conn, &throughput, answer_within).await;
-                    flushed = std::time::Instant::now();
-                    conn = None;
-                    if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
-                        closed = true;
-                    }
-                }
-                Err(_) => {}
-            }
-        } else if !waiting.is_empty() {
-            tokio::time::sleep(wait).await;
-        }
-        batch.append(&mut waiting);
-        // The throughput goes after the completions, never ahead of them: every few
-        // seconds while busy, and at the end.
-        if (batch.is_empty() && closed) || flushed.elapsed() >= THROUGHPUT_EVERY {
-            if batch.is_empty() {
-                flush_throughput(&db, &mut conn, &throughput, answer_within).await;
-                flushed = std::time::Instant::now();
-            } else {
-                flush_after = true;
-            }
-        }
-        if batch.is_empty() {
-            if closed {
+        completer.gather().await;
+        completer.throughput_due().await;
+        if completer.batch.is_empty() {
+            if completer.closed {
                 break;
             }
             continue;
         }
+        if !completer.write().await {
+            return;
+        }
+    }
+}
+
+impl Completer {
+    /// Adds the throughput counted so far to `jobs_throughput`, on the completer's
+    /// connection; what cannot be written now is kept for the next time.
+    async fn flush_throughput(&mut self) {
+        let (db, conn, throughput) = (&self.db, &mut self.conn, &self.throughput);
+        let write = async {
+            let c = match conn {
+                Some(c) => c,
+                None => conn.insert(db.acquire().await?),
+            };
+            throughput.flush(c).await
+        };
+        if let Err(e) =
+            super::answer_within(self.answer_within, "the throughput history", write).await
+        {
+            self.conn = None;
+            tracing::debug!(error = %crate::error::server_message(&e), "cannot write the throughput history; keeping it for later");
+        }
+        self.flushed = std::time::Instant::now();
+    }
+
+    /// Waits for completions (and, while some wait for a locked row, a moment at most);
+    /// after a quiet moment writes the throughput and lets go of the connection.
+    async fn gather(&mut self) {
+        let wait = if self.waiting.is_empty() {
+            HOLD
+        } else {
+            LOCKED_RETRY
+        };
+        if !self.closed {
+            match tokio::time::timeout(wait, self.rx.recv_many(&mut self.batch, MAX_BATCH)).await {
+                Ok(0) => self.closed = true,
+                Ok(_) => {}
+                Err(_) if self.waiting.is_empty() => {
+                    self.flush_throughput().await;
+                    self.conn = None;
+                    if self.rx.recv_many(&mut self.batch, MAX_BATCH).await == 0 {
+                        self.closed = true;
+                    }
+                }
+                Err(_) => {}
+            }
+        } else if !self.waiting.is_empty() {
+            tokio::time::sleep(wait).await;
+        }
+        self.batch.append(&mut self.waiting);
+    }
+
+    /// The throughput goes after the completions, never ahead of them: every few
+    /// seconds while busy, and at the end.
+    async fn throughput_due(&mut self) {
+        if (self.batch.is_empty() && self.closed) || self.flushed.elapsed() >= THROUGHPUT_EVERY {
+            if self.batch.is_empty() {
+                self.flush_throughput().await;
+            } else {
+                self.flush_after = true;
+            }
+        }
+    }
+
+    /// Writes the round, retrying with backoff until it is written. Returns false if
+    /// the runtime's pool has closed (the runtime stopped first).
+    async fn write(&mut self) -> bool {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         loop {
+            let (db, conn, batch) = (&self.db, &mut self.conn, &self.batch);
             let write = async {
-                let c = match &mut conn {
+                let c = match conn {
                     Some(c) => c,
                     None => conn.insert(db.acquire().await?),
                 };
-                complete_alone(c, &batch).await
+                complete_alone(c, batch).await
             };
             // If it did not answer, it may still have committed: the retry then finds
             // those claims gone and counts them as refused, which changes nothing.
-            let result = super::answer_within(answer_within, "the completion", write).await;
-            match result {
+            match super::answer_within(self.answer_within, "the completion", write).await {
                 Ok(written) => {
-                    // A re-armed, re-run or refused job may be claimable now; a
-                    // completion that only waits for a locked row is not news.
-                    if written.again
-                        || batch.iter().any(|c| c.keep || c.every_ms.is_some())
-                        || written.done.len() + written.locked.len() < batch.len()
-                    {
-                        wake.notify_one();
-                    }
-                    let mut flights = flights.lock().expect("lock poisoned");
-                    for c in batch.drain(..) {
-                        if written.locked.contains(&c.id) {
-                            // Another transaction holds the row: its lease is still
-                            // renewed (the flight stays); try again shortly.
-                            waiting.push(c);
-                            continue;
-                        }
-                        flights.remove(&c.token);
-                        if !written.done.contains(&c.id) {
-                            tracing::warn!(
-                                job.id = c.id,
-                                "completion refused: the claim is gone (it expired and was taken over, and the job will run again; or an operator cancelled the job)"
-                            );
-                        }
-                    }
-                    break;
+                    self.settle(&written);
+                    return true;
                 }
                 Err(sqlx::Error::PoolClosed) => {
                     tracing::warn!(
-                        jobs = batch.len(),
+                        jobs = self.batch.len(),
                         "the runtime stopped before these completions were written; their jobs will run again after their lease"
                     );
-                    return;
+                    return false;
                 }
                 Err(e) => {
-                    conn = None; // it may be broken: take a fresh one
+                    self.conn = None; // it may be broken: take a fresh one
                     let wait = backoff.after(&e);
-                    tracing::warn!(error = %crate::error::server_message(&e), retry_in = ?wait, jobs = batch.len(), "cannot write job completions; retrying");
+                    tracing::warn!(error = %crate::error::server_message(&e), retry_in = ?wait, jobs = self.batch.len(), "cannot write job completions; retrying");
                     tokio::time::sleep(wait).await;
                 }
+            }
+        }
+    }
+
+    /// A written round: its flights end (the heartbeat stops renewing them), except
+    /// those whose row another transaction holds, which wait for the next round.
+    fn settle(&mut self, written: &Written) {
+        // A re-armed, re-run or refused job may be claimable now; a completion that only
+        // waits for a locked row is not news.
+        if written.again
+            || self.batch.iter().any(|c| c.keep || c.every_ms.is_some())
+            || written.done.len() + written.locked.len() < self.batch.len()
+        {
+            self.wake.notify_one();
+        }
+        let mut flights = self.flights.lock().expect("lock poisoned");
+        for c in self.batch.drain(..) {
+            if written.locked.contains(&c.id) {
+                // Another transaction holds the row: its lease is still renewed (the
+                // flight stays); try again shortly.
+                self.waiting.push(c);
+                continue;
+            }
+            flights.remove(&c.token);
+            if !written.done.contains(&c.id) {
+                tracing::warn!(
+                    job.id = c.id,
+                    "completion refused: the claim is gone (it expired and was taken over, and the job will run again; or an operator cancelled the job)"
+                );
             }
         }
     }

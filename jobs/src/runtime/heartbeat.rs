@@ -115,55 +115,72 @@ async fn connect_own(beat: &Beat) -> Result<PgConnection, sqlx::Error> {
 /// Renews every held claim in one statement, three times per (shortest) lease: from the
 /// claim until its outcome is written, in every lease mode.
 async fn run(beat: &Beat) {
-    let shortest = beat.shortest;
-    let tick = (shortest / 3).max(Duration::from_millis(20));
-    let mut conn: Option<PgConnection> = None;
-    let mut reconnect = Backoff::new(Duration::from_millis(50), tick);
-    let mut reconnect_at = Instant::now();
+    let tick = (beat.shortest / 3).max(Duration::from_millis(20));
+    let mut link = Link::new(tick);
     let mut first = true;
     loop {
         if !std::mem::take(&mut first) {
             tokio::time::sleep(tick).await;
         }
-        // The connection is opened at start, and again as soon as it is lost, whether
-        // or not a claim is held: claims wait for it.
-        if conn.is_none() && Instant::now() >= reconnect_at {
-            match connect(beat).await {
-                Ok(c) => {
-                    conn = Some(c);
-                    reconnect = Backoff::new(Duration::from_millis(50), tick);
-                    beat.renewals(Ok(()));
-                }
-                Err(e) => {
-                    reconnect_at = Instant::now() + reconnect.next();
-                    beat.renewals(Err(&e));
-                }
-            }
-        }
-        let mut ids = Vec::new();
-        let mut tokens: Vec<Uuid> = Vec::new();
-        let mut leases = Vec::new();
-        {
-            let flights = beat.flights.lock().expect("lock poisoned");
-            for (token, flight) in flights.iter() {
-                // A row locked by a fenced transaction (or anyone else) is skipped by
-                // the renewal itself; it never waits for the lock.
-                if *flight.lost.borrow() {
-                    continue;
-                }
-                ids.push(flight.ctx.id);
-                tokens.push(*token);
-                leases.push(millis(flight.lease));
-            }
-        }
-        if ids.is_empty() {
+        link.keep(beat).await;
+        let batch = Batch::of(&beat.flights);
+        if batch.ids.is_empty() {
             continue;
         }
         let sent_at = Instant::now();
-        // A renewal that hangs (a silently dead connection, a table lock) counts as a
-        // failed one, so that handlers hear of a lease that may be gone.
+        let result = link.renew(&batch, beat.shortest / 2).await;
+        beat.renewals(result.as_ref().map(drop));
+        let flights = &mut *beat.flights.lock().expect("lock poisoned");
+        match result {
+            Ok(rows) => renewed(flights, rows, sent_at),
+            Err(e) => not_renewed(flights, &e),
+        }
+    }
+}
+
+/// The renewals' connection, and when to try again to open one.
+struct Link {
+    conn: Option<PgConnection>,
+    tick: Duration,
+    reconnect: Backoff,
+    reconnect_at: Instant,
+}
+
+impl Link {
+    fn new(tick: Duration) -> Self {
+        Link {
+            conn: None,
+            tick,
+            reconnect: Backoff::new(Duration::from_millis(50), tick),
+            reconnect_at: Instant::now(),
+        }
+    }
+
+    /// Opens the connection at start, and again as soon as it is lost, whether or not
+    /// a claim is held: claims wait for it.
+    async fn keep(&mut self, beat: &Beat) {
+        if self.conn.is_some() || Instant::now() < self.reconnect_at {
+            return;
+        }
+        match connect(beat).await {
+            Ok(c) => {
+                self.conn = Some(c);
+                self.reconnect = Backoff::new(Duration::from_millis(50), self.tick);
+                beat.renewals(Ok(()));
+            }
+            Err(e) => {
+                self.reconnect_at = Instant::now() + self.reconnect.next();
+                beat.renewals(Err(&e));
+            }
+        }
+    }
+
+    /// One renewal of `batch`. One that hangs (a silently dead connection, a table
+    /// lock) past `limit` counts as failed, so that handlers hear of a lease that may be
+    /// gone; after a failure the connection is closed and opened afresh.
+    async fn renew(&mut self, batch: &Batch, limit: Duration) -> Result<Vec<Renewal>, sqlx::Error> {
         let renewal = async {
-            let Some(c) = conn.as_mut() else {
+            let Some(c) = self.conn.as_mut() else {
                 return Err(sqlx::Error::Protocol(
                     "no connection for the renewals yet".to_owned(),
                 ));
@@ -172,76 +189,108 @@ async fn run(beat: &Beat) {
                 c,
                 crate::pooler::query_as(sql::RENEW)
                     .persistent(false) // planned for its batch: see `sql::COMPLETE_DELETE`
-                    .bind(&ids)
-                    .bind(&tokens)
-                    .bind(&leases),
+                    .bind(&batch.ids)
+                    .bind(&batch.tokens)
+                    .bind(&batch.leases),
                 fetch_all
             )
             .await
         };
-        let result: Result<Vec<(Uuid, bool, bool, bool)>, sqlx::Error> =
-            match tokio::time::timeout(shortest / 2, renewal).await {
-                Ok(result) => result,
-                Err(_) => Err(sqlx::Error::Protocol(format!(
-                    "the renewal did not answer within {:?}",
-                    shortest / 2
-                ))),
-            };
-        beat.renewals(result.as_ref().map(drop));
+        let result = match tokio::time::timeout(limit, renewal).await {
+            Ok(result) => result,
+            Err(_) => Err(sqlx::Error::Protocol(format!(
+                "the renewal did not answer within {limit:?}"
+            ))),
+        };
         if result.is_err() {
             // It may be broken, or mid-statement after a timeout: start afresh.
-            if let Some(c) = conn.take() {
+            if let Some(c) = self.conn.take() {
                 let _ = tokio::time::timeout(Duration::from_millis(100), c.close()).await;
             }
         }
-        let flights = &mut *beat.flights.lock().expect("lock poisoned");
-        match result {
-            Ok(rows) => {
-                for (token, renewed, held, cancelled) in rows {
-                    let Some(flight) = flights.get_mut(&token) else {
-                        continue; // finished meanwhile
-                    };
-                    if renewed {
-                        flight.last_renewed = sent_at;
-                    } else if held {
-                        // Its row is locked by another transaction: try again next beat.
-                        tracing::debug!(
-                            job.id = flight.ctx.id,
-                            "lease not renewed: the job's row is locked"
-                        );
-                    } else if cancelled {
-                        // The notification may have been lost: the renewal tells.
-                        super::cancel_flight(flight);
-                    } else if !flight.ctx.finished.load(Ordering::Acquire)
-                        && !flight.ctx.completed.load(Ordering::Acquire)
-                        && !flight.ctx.fenced.load(Ordering::Acquire)
-                    {
-                        // (A finished claim found gone was just completed, or its
-                        // outcome will be refused and reported by whoever writes it.)
-                        tracing::warn!(
-                            job.id = flight.ctx.id,
-                            job.kind = flight.ctx.kind,
-                            "lease lost: the claim expired or was taken over"
-                        );
-                        let _ = flight.lost.send(true);
-                    }
-                }
+        result
+    }
+}
+
+/// A renewal's answer for one claim: its token, whether it was renewed, whether its
+/// row was locked by another transaction, and whether the job was cancelled.
+type Renewal = (Uuid, bool, bool, bool);
+
+/// The claims to renew: those not known to be lost. A row locked by a fenced
+/// transaction (or anyone else) is skipped by the renewal itself; it never waits.
+struct Batch {
+    ids: Vec<i64>,
+    tokens: Vec<Uuid>,
+    leases: Vec<i64>,
+}
+
+impl Batch {
+    fn of(flights: &Mutex<HashMap<Uuid, Flight>>) -> Self {
+        let flights = flights.lock().expect("lock poisoned");
+        let mut batch = Batch {
+            ids: Vec::new(),
+            tokens: Vec::new(),
+            leases: Vec::new(),
+        };
+        for (token, flight) in flights.iter() {
+            if *flight.lost.borrow() {
+                continue;
             }
-            Err(e) => {
-                tracing::warn!(error = %crate::error::server_message(&e), "cannot renew job leases");
-                // Without a renewal for a whole lease, the claim may be gone: say so,
-                // measured on this process's monotonic clock (a duration, not a time).
-                for flight in flights.values_mut() {
-                    if flight.last_renewed.elapsed() >= flight.lease && !*flight.lost.borrow() {
-                        tracing::warn!(
-                            job.id = flight.ctx.id,
-                            job.kind = flight.ctx.kind,
-                            "lease presumed lost: not renewed for a whole lease"
-                        );
-                        let _ = flight.lost.send(true);
-                    }
-                }
-            }
+            batch.ids.push(flight.ctx.id);
+            batch.tokens.push(*token);
+            batch.leases.push(millis(flight.lease));
+        }
+        batch
+    }
+}
+
+/// Records a renewal's answers: a claim renewed, left for the next beat (its row is
+/// locked), cancelled, or found gone.
+fn renewed(flights: &mut HashMap<Uuid, Flight>, rows: Vec<Renewal>, sent_at: Instant) {
+    for (token, renewed, held, cancelled) in rows {
+        let Some(flight) = flights.get_mut(&token) else {
+            continue; // finished meanwhile
+        };
+        if renewed {
+            flight.last_renewed = sent_at;
+        } else if held {
+            // Its row is locked by another transaction: try again next beat.
+            tracing::debug!(
+                job.id = flight.ctx.id,
+                "lease not renewed: the job's row is locked"
+            );
+        } else if cancelled {
+            // The notification may have been lost: the renewal tells.
+            super::cancel_flight(flight);
+        } else if !flight.ctx.finished.load(Ordering::Acquire)
+            && !flight.ctx.completed.load(Ordering::Acquire)
+            && !flight.ctx.fenced.load(Ordering::Acquire)
+        {
+            // (A finished claim found gone was just completed, or its outcome will be
+            // refused and reported by whoever writes it.)
+            tracing::warn!(
+                job.id = flight.ctx.id,
+                job.kind = flight.ctx.kind,
+                "lease lost: the claim expired or was taken over"
+            );
+            let _ = flight.lost.send(true);
+        }
+    }
+}
+
+/// A failed renewal: without one for a whole lease the claim may be gone, so its
+/// handler hears that it is lost, measured on this process's monotonic clock (a
+/// duration, not a time).
+fn not_renewed(flights: &mut HashMap<Uuid, Flight>, e: &sqlx::Error) {
+    tracing::warn!(error = %crate::error::server_message(e), "cannot renew job leases");
+    for flight in flights.values_mut() {
+        if flight.last_renewed.elapsed() >= flight.lease && !*flight.lost.borrow() {
+            tracing::warn!(
+                job.id = flight.ctx.id,
+                job.kind = flight.ctx.kind,
+                "lease presumed lost: not renewed for a whole lease"
+            );
+            let _ = flight.lost.send(true);
         }
     }
 }

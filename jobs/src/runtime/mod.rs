@@ -207,6 +207,77 @@ impl Runtime {
         F: Future<Output = ()> + Send,
     {
         let handlers = self.handlers()?;
+        self.announce(&handlers);
+        let db = self.own_pool();
+        tokio::pin!(shutdown);
+        if !check_table(&db, shutdown.as_mut()).await? {
+            return Ok(RunCounts::default());
+        }
+        let (shared, ends) = self.share(handlers, db);
+        let executors: producer::Executors = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
+        // The heartbeat first: its connection is the one the runtime cannot do without.
+        // It runs until `beat_stop` is dropped (with the guard, once every outcome has
+        // been written) or set.
+        let (beat, beat_stop) = self.start_heartbeat(&shared, ends.renewing).await?;
+        let completer = tokio::spawn(completer::run(
+            shared.db.clone(),
+            ends.completions,
+            shared.flights.clone(),
+            shared.wake.clone(),
+            self.statement_timeout,
+            shared.throughput.clone(),
+        ));
+        let background = self.background(&shared);
+        // Turns true (or its sender is dropped) when the claim loop has ended: after that
+        // it starts no executor, so a drop can drain them all.
+        let (claims_over_tx, claims_over) = watch::channel(false);
+        let claim_loop = producer::run(shared.clone(), executors.clone(), ends.stop_rx);
+        let mut producer = tokio::spawn(async move {
+            claim_loop.await;
+            let _ = claims_over_tx.send(true);
+        });
+        let guard = DropGuard {
+            stop: ends.stop,
+            hard_stop: ends.hard_stop,
+            claims_over,
+            executors,
+            background,
+            beat_stop,
+            db: shared.db.clone(),
+            armed: true,
+        };
+
+        let mut failure = None;
+        tokio::select! {
+            () = &mut shutdown => {}
+            ended = &mut producer => {
+                let why = match ended {
+                    Err(e) if e.is_panic() => format!("the claim loop panicked: {}", executor::panic_message(&*e.into_panic())),
+                    Err(e) => format!("the claim loop stopped: {e}"),
+                    Ok(()) => "the claim loop stopped".to_owned(),
+                };
+                tracing::error!(error = %why, "jobs runtime stopping: handing back the running jobs");
+                failure = Some(why);
+            }
+        }
+        let counts = self
+            .wind_down(
+                shared,
+                guard,
+                (producer, failure.is_none()),
+                completer,
+                beat,
+            )
+            .await;
+        tracing::info!("jobs runtime stopped");
+        match failure {
+            Some(why) => Err(Error::Runtime(why)),
+            None => Ok(counts),
+        }
+    }
+
+    /// Logs the kinds it claims, and warns of a pool smaller than the concurrency.
+    fn announce(&self, handlers: &BTreeMap<&'static str, &'static HandlerInfo>) {
         let summary: Vec<String> = handlers
             .values()
             .map(|h| format!("{} ({})", h.kind, h.name))
@@ -220,11 +291,13 @@ impl Runtime {
                 "the pool has fewer connections than the runtime runs handlers at once: handlers that use the database will wait for one another (the runtime's own statements do not: it opens {RUNTIME_CONNECTIONS} connections of its own)"
             );
         }
-        // The runtime's own connections: same settings (and connect hooks) as the
-        // application's pool, so its statements never queue behind handlers.
+    }
+
+    /// The runtime's own connections: same settings (and connect hooks) as the
+    /// application's pool, so its statements never queue behind handlers.
+    fn own_pool(&self) -> PgPool {
         let answer_within = self.statement_timeout;
-        let db = self
-            .pool
+        self.pool
             .options()
             .clone()
             .max_connections(RUNTIME_CONNECTIONS - 1) // the heartbeat has its own
@@ -254,42 +327,23 @@ impl Runtime {
             })
             // No server-side `statement_timeout` startup option: PgBouncer refuses the
             // `options` startup parameter. The time limit is the runtime's own.
-            .connect_lazy_with((*self.pool.connect_options()).clone());
+            .connect_lazy_with((*self.pool.connect_options()).clone())
+    }
 
-        // The job table must be there, at this library's version: say so at once
-        // rather than retry forever. An unreachable database is waited out.
-        tokio::pin!(shutdown);
-        let mut backoff = backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-        loop {
-            match crate::migrate::check(&db).await {
-                Ok(()) => break,
-                Err(Error::Database(e)) if crate::migrate::is_transient(&e) => {
-                    let wait = backoff.next();
-                    tracing::warn!(error = %Error::Database(e), retry_in = ?wait, "cannot reach the database to check the job table; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        () = &mut shutdown => {
-                            db.close().await;
-                            return Ok(RunCounts::default());
-                        }
-                    }
-                }
-                Err(e) => {
-                    db.close().await;
-                    tracing::error!(error = %e, "jobs runtime cannot start");
-                    return Err(e);
-                }
-            }
-        }
-
+    /// The state the runtime's tasks share, and the ends of its channels that are not
+    /// part of it.
+    fn share(
+        &self,
+        handlers: BTreeMap<&'static str, &'static HandlerInfo>,
+        db: PgPool,
+    ) -> (Arc<Shared>, Ends) {
         // Room for a full round of completions, whatever the concurrency: an executor
         // that finds the channel full keeps its slot until there is room, so a small
         // channel caps each completion round (and, while a commit is slow, the rate).
         let (completions, completions_rx) = mpsc::channel(completer::MAX_BATCH);
-        let wake = Arc::new(Notify::new());
         let (stop_tx, stop_rx) = watch::channel(false);
         let (hard_tx, hard_rx) = watch::channel(false);
-        let flights = Arc::new(Mutex::new(HashMap::new()));
+        let (renewing_tx, renewing) = watch::channel(false);
         let kind_slots = handlers
             .values()
             .filter_map(|h| {
@@ -297,16 +351,13 @@ impl Runtime {
                 (cap < self.concurrency).then(|| (h.kind, Arc::new(Semaphore::new(cap))))
             })
             .collect();
-        let throughput = Arc::new(throughput::Throughput::default());
-        let (renewing_tx, renewing) = watch::channel(false);
-        let why_not = Arc::new(Mutex::new(None));
         let shared = Arc::new(Shared {
             notified: Mutex::new(std::collections::HashSet::new()),
             renewing,
-            why_not: why_not.clone(),
+            why_not: Arc::new(Mutex::new(None)),
             runtime_id: uuid::Uuid::new_v4(),
             pool: self.pool.clone(),
-            db: db.clone(),
+            db,
             handlers,
             concurrency: self.concurrency,
             poll_interval: self.poll_interval,
@@ -316,22 +367,32 @@ impl Runtime {
             kind_slots,
             stopping: stop_rx.clone(),
             slot_freed: Notify::new(),
-            wake: wake.clone(),
+            wake: Arc::new(Notify::new()),
             reconnected: Notify::new(),
             paused_changed: std::sync::atomic::AtomicBool::new(false),
-            flights: flights.clone(),
+            flights: Arc::new(Mutex::new(HashMap::new())),
             completions,
             hard_stop: hard_rx,
             counts: observe::Counts::default(),
-            throughput: throughput.clone(),
+            throughput: Arc::new(throughput::Throughput::default()),
         });
-        let executors: producer::Executors = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
+        let ends = Ends {
+            completions: completions_rx,
+            stop: stop_tx,
+            stop_rx,
+            hard_stop: hard_tx,
+            renewing: renewing_tx,
+        };
+        (shared, ends)
+    }
 
-        // The heartbeat first: its connection is the one the runtime cannot do without
-        // (renewals never lose a connection to the runtime's other statements).
-        // The heartbeat runs until `beat_stop` is dropped (with the guard, once every
-        // outcome has been written) or set.
-        let (beat_stop, beat_stop_rx) = watch::channel(false);
+    /// Starts the heartbeat's thread; returns it and the sender that stops it.
+    async fn start_heartbeat(
+        &self,
+        shared: &Shared,
+        renewing: watch::Sender<bool>,
+    ) -> Result<(std::thread::JoinHandle<()>, watch::Sender<bool>), Error> {
+        let (beat_stop, stop) = watch::channel(false);
         let shortest = shared
             .handlers
             .values()
@@ -353,31 +414,23 @@ impl Runtime {
             .ok()
             .and_then(Result::ok)
         };
-        let beat = match heartbeat::spawn(heartbeat::Beat {
+        let beat = heartbeat::spawn(heartbeat::Beat {
             flights: shared.flights.clone(),
             connect: (*self.pool.connect_options()).clone(),
             search_path,
             shortest,
-            stop: beat_stop_rx,
-            renewing: renewing_tx,
-            why_not,
+            stop,
+            renewing,
+            why_not: shared.why_not.clone(),
             fallback: shared.db.clone(),
-        }) {
-            Ok(beat) => beat,
-            Err(e) => {
-                return Err(Error::Runtime(format!(
-                    "cannot start the heartbeat thread: {e}"
-                )));
-            }
-        };
-        let mut completer = tokio::spawn(completer::run(
-            db,
-            completions_rx,
-            flights,
-            wake.clone(),
-            self.statement_timeout,
-            throughput,
-        ));
+        })
+        .map_err(|e| Error::Runtime(format!("cannot start the heartbeat thread: {e}")))?;
+        Ok((beat, beat_stop))
+    }
+
+    /// The tasks beside the claims: rescues, the prune, notifications, metrics and the
+    /// runtime's presence.
+    fn background(&self, shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
         let mut background = vec![
             tokio::spawn(rescuer::run(shared.clone(), self.rescue_interval)),
             tokio::spawn(rescuer::prune(shared.clone(), self.retain_failed)),
@@ -392,55 +445,36 @@ impl Runtime {
         background.push(tokio::spawn(observe::run(shared.clone())));
         background.push(tokio::spawn(presence::run(
             shared.clone(),
-            presence::Registration::new(self.name.clone(), &shared, self.concurrency),
+            presence::Registration::new(self.name.clone(), shared, self.concurrency),
         )));
-        // Turns true (or its sender is dropped) when the claim loop has ended: after that
-        // it starts no executor, so a drop can drain them all.
-        let (claims_over_tx, claims_over) = watch::channel(false);
-        let claim_loop = producer::run(shared.clone(), executors.clone(), stop_rx);
-        let mut producer = tokio::spawn(async move {
-            claim_loop.await;
-            let _ = claims_over_tx.send(true);
-        });
-        let mut guard = DropGuard {
-            stop: stop_tx,
-            hard_stop: hard_tx,
-            claims_over,
-            executors: executors.clone(),
-            background,
-            beat_stop,
-            db: shared.db.clone(),
-            armed: true,
-        };
+        background
+    }
 
-        let mut failure = None;
-        tokio::select! {
-            () = &mut shutdown => {}
-            ended = &mut producer => {
-                let why = match ended {
-                    Err(e) if e.is_panic() => format!("the claim loop panicked: {}", executor::panic_message(&*e.into_panic())),
-                    Err(e) => format!("the claim loop stopped: {e}"),
-                    Ok(()) => "the claim loop stopped".to_owned(),
-                };
-                tracing::error!(error = %why, "jobs runtime stopping: handing back the running jobs");
-                failure = Some(why);
-            }
-        }
+    /// Stops claiming, gives running handlers the grace period (then cancels them),
+    /// writes what the completer holds, and closes the runtime's connections. Waits for
+    /// the claim loop first unless it has already ended (`producer.1` is false).
+    async fn wind_down(
+        &self,
+        shared: Arc<Shared>,
+        mut guard: DropGuard,
+        mut producer: (JoinHandle<()>, bool),
+        mut completer: JoinHandle<()>,
+        beat: std::thread::JoinHandle<()>,
+    ) -> RunCounts {
         tracing::info!(grace = ?self.shutdown_grace, "jobs runtime stopping: no new claims");
         let _ = guard.stop.send(true);
-        if failure.is_none() {
-            let _ = (&mut producer).await;
+        if producer.1 {
+            let _ = (&mut producer.0).await;
         }
-
-        let drained = tokio::time::timeout(self.shutdown_grace, join_all(&executors)).await;
+        let drained = tokio::time::timeout(self.shutdown_grace, join_all(&guard.executors)).await;
         if drained.is_err() {
-            let still_running = executors.lock().await.len();
+            let still_running = guard.executors.lock().await.len();
             tracing::warn!(
                 still_running,
                 "shutdown grace elapsed: cancelling the handlers still running and handing their jobs back"
             );
             let _ = guard.hard_stop.send(true);
-            join_all(&executors).await;
+            join_all(&guard.executors).await;
         }
         guard.armed = false;
         for task in &guard.background {
@@ -471,11 +505,7 @@ impl Runtime {
         {
             tracing::warn!("the runtime's connections did not close within 5s");
         }
-        tracing::info!("jobs runtime stopped");
-        match failure {
-            Some(why) => Err(Error::Runtime(why)),
-            None => Ok(counts),
-        }
+        counts
     }
 
     fn handlers(&self) -> Result<BTreeMap<&'static str, &'static HandlerInfo>, Error> {
@@ -574,6 +604,50 @@ pub(crate) async fn answer_within<T>(
         Err(_) => Err(sqlx::Error::Protocol(format!(
             "{what} did not answer within {limit:?}"
         ))),
+    }
+}
+
+/// The ends of the runtime's channels that stay outside [`Shared`].
+struct Ends {
+    /// Executors send the outcomes they leave to the completer here.
+    completions: mpsc::Receiver<completer::Completion>,
+    /// Set when shutdown begins: no new claims.
+    stop: watch::Sender<bool>,
+    stop_rx: watch::Receiver<bool>,
+    /// Set when the grace period has elapsed: running handlers are cancelled.
+    hard_stop: watch::Sender<bool>,
+    /// The heartbeat says here whether it can renew leases.
+    renewing: watch::Sender<bool>,
+}
+
+/// Checks that the job table is there, at this library's version: an error at once
+/// rather than retries forever. An unreachable database is waited out. Returns false
+/// if `shutdown` came first.
+async fn check_table<F>(db: &PgPool, mut shutdown: std::pin::Pin<&mut F>) -> Result<bool, Error>
+where
+    F: Future<Output = ()>,
+{
+    let mut backoff = backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+    loop {
+        match crate::migrate::check(db).await {
+            Ok(()) => return Ok(true),
+            Err(Error::Database(e)) if crate::migrate::is_transient(&e) => {
+                let wait = backoff.next();
+                tracing::warn!(error = %Error::Database(e), retry_in = ?wait, "cannot reach the database to check the job table; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = &mut shutdown => {
+                        db.close().await;
+                        return Ok(false);
+                    }
+                }
+            }
+            Err(e) => {
+                db.close().await;
+                tracing::error!(error = %e, "jobs runtime cannot start");
+                return Err(e);
+            }
+        }
     }
 }
 
