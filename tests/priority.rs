@@ -207,3 +207,76 @@ async fn an_urgent_job_overtakes_a_running_backlog(pool: PgPool) {
     // what started before it was enqueued) ran first.
     assert!(before < 200, "{before} backlog jobs ran before it");
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pr.other")]
+struct Other {
+    n: i64,
+}
+
+#[jobs::handler]
+async fn other(job: Other, ctx: JobContext) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO ran (n, at) VALUES ($1, clock_timestamp())")
+        .bind(job.n)
+        .execute(ctx.pool())
+        .await?;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    Ok(())
+}
+
+/// Two busy kinds at one priority share claims equally; once one of them has urgent
+/// jobs, more than a claim's share of them, they run before the other kind's backlog,
+/// not beside it.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn urgent_jobs_of_one_busy_kind_overtake_another_kinds_backlog(pool: PgPool) {
+    sqlx::query("CREATE TABLE ran (n bigint, at timestamptz)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for n in 1..=400 {
+        enqueue(&pool, n, 9, 0).await;
+        Other { n: 10_000 + n }
+            .enqueue_with(&pool, EnqueueOptions::new().priority(9))
+            .await
+            .unwrap();
+    }
+    let rt = Running::start(runtime(&pool, &["pr.work", "pr.other"]).concurrency(2));
+    wait_until("both backlogs started", || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM ran WHERE n > 10000")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            >= 20
+    })
+    .await;
+    for n in 0..200 {
+        Other { n: 20_000 + n }
+            .enqueue_with(&pool, EnqueueOptions::new().priority(0))
+            .await
+            .unwrap();
+    }
+    wait_until("the urgent jobs ran", || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM ran WHERE n >= 20000")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            == 200
+    })
+    .await;
+    // Backlog jobs of the other kind that started while urgent ones waited: after the
+    // first urgent job started, before the last one did.
+    let beside: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM ran WHERE n <= 400
+           AND at > (SELECT min(at) FROM ran WHERE n >= 20000)
+           AND at < (SELECT max(at) FROM ran WHERE n >= 20000)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    rt.stop().await;
+    // What was claimed ahead before they came, and one claim's share at most.
+    assert!(
+        beside < 60,
+        "{beside} jobs of the other kind's backlog ran beside the urgent ones"
+    );
+}

@@ -1,7 +1,7 @@
 //! The project's benchmark: enqueue, drain, pickup latency, backlog and scale-out.
 //!
 //! ```sh
-//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w1m w2 w2k w3 w4 w5 w6 w7]
+//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w1m w2 w2k w2s w3 w4 w5 w6 w7]
 //! cargo run --release --example bench -- horizon [--held 600] [--holder xid|readers]
 //! cargo run --release --example bench -- web [--rows 2000000] [--runs 9]
 //! cargo run --release --example bench -- failover [--rate 500] [--before 20] [--down 2] [--after 30]
@@ -894,6 +894,11 @@ async fn main() {
                 }
                 w2(n, runs, false, &[10, 100], Claims::All, true).await;
             }
+            // Only the ten busy kinds, beside the one-kind drain they are read against.
+            "w2s" => {
+                w2(n, runs, false, &[10, 100], Claims::First(1), false).await;
+                w2(n, runs, false, &[10, 100], Claims::All, true).await;
+            }
             "w3" => {
                 w3(runs, Claims::All).await;
                 w3(runs, Claims::First(1)).await;
@@ -903,7 +908,7 @@ async fn main() {
             "w5" => w5(n, runs).await,
             "w6" => w6(runs).await,
             "w1m" => w1m(runs).await,
-            other => panic!("unknown workload {other}: expected w1, w1m, w2, w2k, w3..w7"),
+            other => panic!("unknown workload {other}: expected w1, w1m, w2, w2k, w2s, w3..w7"),
         }
     }
 }

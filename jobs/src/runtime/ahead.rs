@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 use super::Shared;
 
 /// How much work a kind claims ahead of its free slots: what its handlers finish in this
-/// long at their recent rate. Short jobs come in claims of hundreds however low the
-/// concurrency; a kind whose jobs take longer than this claims nothing ahead, so that
-/// claims never wait long in one runtime while another has free slots.
+/// long at their recent rate, or in two claims' time when claims take longer (a slow or
+/// busy database): the work ahead then lasts until the next claim's rows arrive. Short
+/// jobs come in claims of hundreds however low the concurrency; a kind whose jobs take
+/// longer than this claims nothing ahead, so that claims never wait long in one runtime
+/// while another has free slots.
 const AHEAD_FOR: Duration = Duration::from_millis(50);
 
 /// At most this many claims held ahead of free slots, over all kinds. A claim is sent
@@ -31,6 +33,8 @@ pub(super) struct Rates {
     pub(super) ahead: HashMap<&'static str, usize>,
     /// The sum of `ahead`.
     pub(super) total: usize,
+    /// How long claims take, smoothed.
+    claim_took: Duration,
 }
 
 impl Rates {
@@ -41,7 +45,13 @@ impl Rates {
             rate: HashMap::new(),
             ahead: HashMap::new(),
             total: 0,
+            claim_took: Duration::ZERO,
         }
+    }
+
+    /// Notes how long a claim that took rows took, from its sending to its answer.
+    pub(super) fn claimed(&mut self, took: Duration) {
+        self.claim_took = (self.claim_took + took) / 2;
     }
 
     /// Measures the rates again if `RATE_EVERY` has passed.
@@ -51,13 +61,14 @@ impl Rates {
             return;
         }
         let ended = shared.ended();
+        let horizon = AHEAD_FOR.max(2 * self.claim_took).as_secs_f64();
         let mut wanted = Vec::new();
         for (kind, n) in &ended {
             let done = n - self.ended.get(kind).copied().unwrap_or(0);
             let now = done as f64 / elapsed.as_secs_f64();
             let rate = self.rate.entry(kind).or_insert(now);
             *rate = (*rate + now) / 2.0;
-            wanted.push((*kind, (*rate * AHEAD_FOR.as_secs_f64()) as usize));
+            wanted.push((*kind, (*rate * horizon) as usize));
         }
         // Over the cap, every kind's share shrinks in proportion.
         let sum: usize = wanted.iter().map(|(_, n)| n).sum();

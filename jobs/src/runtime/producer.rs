@@ -41,7 +41,6 @@
 //! claims, on a connection of the runtime's pool, finds what is left behind anyway and
 //! lowers the floor to it (`super::floors`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,7 +52,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::Shared;
 use super::ahead::Rates;
 use super::backoff::Backoff;
-use super::claim::{Ask, ClaimRow, claim_order, start};
+use super::claim::{Ask, ClaimRow, Seen, claim_order, start};
 use super::floors::{Floors, Report, Snapshot};
 use super::paused::Paused;
 use super::periodic::Periodic;
@@ -149,9 +148,8 @@ struct Producer {
     /// Which kind goes first in a turn of the next claim: each claim the next one, so
     /// that a claim smaller than a turn of every kind favours none.
     first_kind: usize,
-    /// The quiet kinds (their last claim took nothing), and when a claim last asked
-    /// for each.
-    quiet: HashMap<&'static str, Instant>,
+    /// The quiet kinds, and the priority of each busy kind's last claim.
+    seen: Seen,
 }
 
 impl Producer {
@@ -176,7 +174,7 @@ impl Producer {
             follow_up: false,
             claim_sent: Instant::now(),
             first_kind: 0,
-            quiet: HashMap::new(),
+            seen: Seen::default(),
         }
     }
 
@@ -299,7 +297,7 @@ impl Producer {
         if due == Some(Duration::ZERO) {
             // A job became due after the last claim looked: claim it now, of whatever
             // kind (no notification named it).
-            self.quiet.clear();
+            self.seen.quiet.clear();
             return;
         }
         let probing = self.probe.is_some();
@@ -314,7 +312,7 @@ impl Producer {
             _ = self.stop.changed() => false,
         };
         if !notified {
-            self.quiet.clear();
+            self.seen.quiet.clear();
         }
         self.follow_up = notified;
     }
@@ -341,7 +339,13 @@ impl Producer {
         self.gathered = false;
         self.first_kind = self.first_kind.wrapping_add(1);
         let asked = self.asked(per_kind);
-        let Some(ask) = Ask::new(*total_free, &asked, &self.floors, self.first_kind) else {
+        let Some(ask) = Ask::new(
+            *total_free,
+            &asked,
+            &self.floors,
+            self.first_kind,
+            &self.seen,
+        ) else {
             self.more = false;
             return;
         };
@@ -358,8 +362,11 @@ impl Producer {
         match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
             Ok(rows) => {
                 self.backoff = claim_backoff();
+                if !rows.is_empty() {
+                    self.rates.claimed(self.claim_sent.elapsed());
+                }
                 self.more = ask.filled(&rows);
-                self.note_quiet(&ask, &rows);
+                self.seen.note(&ask.kinds, &rows, rows.len() < ask.want);
                 self.start_all(rows, &ask.kinds).await;
                 if !self.more {
                     // Idle next: let the executors just started (each waiting in this
@@ -383,33 +390,12 @@ impl Producer {
         per_kind
             .iter()
             .filter(|(info, _)| {
-                self.quiet.get(info.kind).is_none_or(|asked| {
+                self.seen.quiet.get(info.kind).is_none_or(|asked| {
                     notified.contains(info.kind) || asked.elapsed() >= QUIET_EVERY
                 })
             })
             .copied()
             .collect()
-    }
-
-    /// Marks the kinds a claim asked for busy again when it took some of their jobs, and
-    /// quiet when it took none though a kind with a job due had its turn: the claim had
-    /// room for more, or took a second job of some kind (a job of every kind precedes
-    /// the second of any, at the same priority). A claim that ran out of room within
-    /// the first turn leaves the others as they were.
-    fn note_quiet(&mut self, ask: &Ask, rows: &[ClaimRow]) {
-        let now = Instant::now();
-        let mut taken: HashMap<&str, usize> = HashMap::new();
-        for row in rows {
-            *taken.entry(row.kind.as_str()).or_default() += 1;
-        }
-        let had_turn = rows.len() < ask.want || taken.values().any(|n| *n >= 2);
-        for kind in &ask.kinds {
-            if taken.contains_key(kind) {
-                self.quiet.remove(kind);
-            } else if had_turn {
-                self.quiet.insert(kind, now);
-            }
-        }
     }
 
     /// Moves the floors and starts the claimed rows, in claim order (`kinds` in the
