@@ -19,11 +19,13 @@
 //! 3. **Gather**: work is waiting but some capacity is taken: give running handlers a
 //!    moment (`BATCH_WINDOW`) to free more, so that the claim fetches a batch instead of
 //!    a job or two.
-//! 4. **Claim**: one statement for the kinds with room ([`sql::CLAIM`], or
-//!    [`sql::CLAIM_SPLIT`] when the kinds' limits add up to more than the free
-//!    capacity: it shares the claim among them, the most urgent priority first, then by
-//!    turns). A quiet kind (its last claim found nothing) is asked for only when a
-//!    notification names it, or every `QUIET_EVERY`. The rows start in claim order,
+//! 4. **Claim**: one statement for the kinds with room ([`sql::CLAIM`]). When their
+//!    limits add up to more than the free capacity, the claim is shared among them: in
+//!    the runtime, in equal shares, while every busy kind's last claim took jobs of one
+//!    priority, the same for all (a quiet kind asked along may take one); otherwise by
+//!    [`sql::CLAIM_SPLIT`], the most urgent priority first, then by turns. A quiet kind
+//!    (its last claim found nothing) is asked for only when a notification names it, or
+//!    every `QUIET_EVERY`. The rows start in claim order,
 //!    each in an executor that waits for a slot (`super::claim`); the floors move
 //!    ([`super::floors`]); and the claim was full if it took all it asked for, or all it
 //!    asked of some kind.
@@ -31,8 +33,9 @@
 //! Before any of these, while the heartbeat cannot renew leases (no connection, or its
 //! renewals fail), the producer claims nothing, and says why every few seconds.
 //!
-//! A kind claims ahead of its free slots what its handlers finish in `AHEAD_FOR` at
-//! their recent rate (`super::ahead`), at most `MAX_AHEAD` over all kinds, so that short jobs
+//! A kind claims ahead of its free slots what its handlers finish in `AHEAD_FOR` (or in
+//! two claims' time, when claims take longer) at their recent rate (`super::ahead`), at
+//! most `MAX_AHEAD` over all kinds, so that short jobs
 //! come in claims of hundreds at any concurrency. A claim held ahead is leased and
 //! renewed like a running one; one that finds no slot within a second goes back.
 //!
