@@ -35,6 +35,16 @@ async fn urgent(_job: Urgent, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
+/// How many recorded runs meet `condition` (SQL over `ran (n, at)`).
+async fn ran(pool: &PgPool, condition: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM ran WHERE {condition}"
+    )))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// Enqueues `Work { n }` at `priority`, due `ago_ms` in the past.
 async fn enqueue(pool: &PgPool, n: i64, priority: i16, ago_ms: i64) -> i64 {
     let id = Work { n }
@@ -177,11 +187,7 @@ async fn an_urgent_job_overtakes_a_running_backlog(pool: PgPool) {
     }
     let rt = Running::start(runtime(&pool, &["pr.work"]).concurrency(2));
     wait_until("the backlog started", || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM ran")
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-            >= 20
+        ran(&pool, "true").await >= 20
     })
     .await;
     Work { n: 1_000 }
@@ -189,11 +195,7 @@ async fn an_urgent_job_overtakes_a_running_backlog(pool: PgPool) {
         .await
         .unwrap();
     wait_until("the urgent job ran", || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM ran WHERE n = 1000")
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-            == 1
+        ran(&pool, "n = 1000").await == 1
     })
     .await;
     let before: i64 = sqlx::query_scalar(
@@ -242,11 +244,7 @@ async fn urgent_jobs_of_one_busy_kind_overtake_another_kinds_backlog(pool: PgPoo
     }
     let rt = Running::start(runtime(&pool, &["pr.work", "pr.other"]).concurrency(2));
     wait_until("both backlogs started", || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM ran WHERE n > 10000")
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-            >= 20
+        ran(&pool, "n > 10000").await >= 20
     })
     .await;
     for n in 0..200 {
@@ -256,23 +254,17 @@ async fn urgent_jobs_of_one_busy_kind_overtake_another_kinds_backlog(pool: PgPoo
             .unwrap();
     }
     wait_until("the urgent jobs ran", || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM ran WHERE n >= 20000")
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-            == 200
+        ran(&pool, "n >= 20000").await == 200
     })
     .await;
     // Backlog jobs of the other kind that started while urgent ones waited: after the
     // first urgent job started, before the last one did.
-    let beside: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM ran WHERE n <= 400
-           AND at > (SELECT min(at) FROM ran WHERE n >= 20000)
+    let beside = ran(
+        &pool,
+        "n <= 400 AND at > (SELECT min(at) FROM ran WHERE n >= 20000)
            AND at < (SELECT max(at) FROM ran WHERE n >= 20000)",
     )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    .await;
     rt.stop().await;
     // What was claimed ahead before they came, and one claim's share at most.
     assert!(
