@@ -22,8 +22,13 @@ struct Urgent {}
 
 #[jobs::handler]
 async fn work(job: Work, ctx: JobContext) -> Result<(), JobError> {
+    run(job.n, &ctx).await
+}
+
+/// Records the run of job `n` in `ran`, then works 5 ms.
+async fn run(n: i64, ctx: &JobContext) -> Result<(), JobError> {
     sqlx::query("INSERT INTO ran (n, at) VALUES ($1, clock_timestamp())")
-        .bind(job.n)
+        .bind(n)
         .execute(ctx.pool())
         .await?;
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -218,12 +223,7 @@ struct Other {
 
 #[jobs::handler]
 async fn other(job: Other, ctx: JobContext) -> Result<(), JobError> {
-    sqlx::query("INSERT INTO ran (n, at) VALUES ($1, clock_timestamp())")
-        .bind(job.n)
-        .execute(ctx.pool())
-        .await?;
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    Ok(())
+    run(job.n, &ctx).await
 }
 
 /// Two busy kinds at one priority share claims equally; once one of them has urgent

@@ -229,10 +229,7 @@ impl Completer {
     async fn flush_throughput(&mut self) {
         let (db, conn, throughput) = (&self.db, &mut self.conn, &self.throughput);
         let write = async {
-            let c = match conn {
-                Some(c) => c,
-                None => conn.insert(db.acquire().await?),
-            };
+            let c = super::held(conn, db).await?;
             throughput.flush(c).await
         };
         if let Err(e) =
@@ -290,10 +287,7 @@ impl Completer {
         loop {
             let (db, conn, batch) = (&self.db, &mut self.conn, &self.batch);
             let write = async {
-                let c = match conn {
-                    Some(c) => c,
-                    None => conn.insert(db.acquire().await?),
-                };
+                let c = super::held(conn, db).await?;
                 complete_alone(c, batch).await
             };
             // If it did not answer, it may still have committed: the retry then finds

@@ -592,6 +592,19 @@ impl RunCounts {
     }
 }
 
+/// The connection a task holds across its statements (a pool connection is pinged on
+/// every acquire, which would double a short statement's round trips), taken from the
+/// runtime's pool when it holds none. A caller drops it (sets `None`) after an error.
+pub(crate) async fn held<'a>(
+    conn: &'a mut Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    db: &PgPool,
+) -> Result<&'a mut sqlx::pool::PoolConnection<sqlx::Postgres>, sqlx::Error> {
+    if conn.is_none() {
+        *conn = Some(db.acquire().await?);
+    }
+    Ok(conn.as_mut().expect("just set"))
+}
+
 /// `future`, or an error if it has not answered within `limit` (its connection may have
 /// died silently: the caller drops it).
 pub(crate) async fn answer_within<T>(

@@ -24,10 +24,7 @@ impl Paused {
         conn: &mut Option<PoolConnection<Postgres>>,
     ) {
         let query = async {
-            let c = match conn {
-                Some(c) => c,
-                None => conn.insert(shared.db.acquire().await?),
-            };
+            let c = super::held(conn, &shared.db).await?;
             crate::pooler::alone!(
                 &mut **c,
                 crate::pooler::query_scalar::<_, String>(sql::PAUSED_KINDS),

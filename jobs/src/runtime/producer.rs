@@ -356,10 +356,7 @@ impl Producer {
         let shared = self.shared.clone();
         let conn = &mut self.conn;
         let fetch = async {
-            let c = match conn {
-                Some(c) => c,
-                None => conn.insert(shared.db.acquire().await?),
-            };
+            let c = super::held(conn, &shared.db).await?;
             ask.fetch(&shared, c).await
         };
         match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
@@ -537,10 +534,7 @@ async fn next_due(
         .map(|(info, _)| info.kind)
         .collect();
     let query = async {
-        let c = match conn {
-            Some(c) => c,
-            None => conn.insert(shared.db.acquire().await?),
-        };
+        let c = super::held(conn, &shared.db).await?;
         crate::pooler::alone!(
             &mut **c,
             crate::pooler::query_as::<_, (Option<f64>, bool)>(sql::NEXT_DUE)
