@@ -32,11 +32,11 @@
  * row, (b) makes its next claim after the writer ends look back over it. With
  * -DHOLDBACK, (b) is kept the way it was first built: no floor passes a writer in
  * progress. P7 (a committed, due, unlocked job is taken by the next claim of a runtime
- * with a free slot) and p2 rely on (a)-(c) and on nothing else: the probe (FLOOR_PROBE)
+ * with a free slot) and p2 rely on (a)-(c) and on nothing else: the probe behind the floors (PROBE)
  * is a step that may run or not.
  */
 
-/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT FLOOR_PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
+/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
 /* statements read-only, not modelled: HISTORY LAST_CHECKPOINT DB_NOW THROUGHPUT PAUSED_KINDS PAUSED RUNTIMES NEXT_DUE LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
 /* statements writing outside the modelled rows, not modelled: ENQUEUE_ONE_UNKEYED ENQUEUE_UNKEYED ARM_PERIODIC PRUNE_BATCH PRUNE_CANCELLED_BATCH THROUGHPUT_ADD THROUGHPUT_PRUNE PAUSE RESUME RUNTIME_SEEN RUNTIME_GONE RUNTIMES_STALE */
 /* statements writing only a column the protocol never reads, fenced, not modelled: CHECKPOINT */
@@ -526,7 +526,7 @@ active proctype Rescuer()
 {
 end:
     do
-    /* FLOOR_PROBE (read-only): a pending, due row behind a runtime's floor; that
+    /* PROBE (read-only), behind the floors: a pending, due row behind a runtime's floor; that
        runtime lowers its floor to it. It runs at least once per poll interval, but P7
        must hold without it: here it may run or not */
     :: d_step { probed(0, 0) -> fl = fl & ~FB(0, 0) }

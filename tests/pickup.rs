@@ -466,3 +466,62 @@ async fn busy_kinds_take_turns(pool: PgPool) {
         );
     }
 }
+
+/// A kind that keeps the claims busy: each job takes 2 ms.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.busy")]
+struct Busy {}
+
+#[jobs::handler]
+async fn busy(_job: Busy, _ctx: JobContext) -> Result<(), JobError> {
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    Ok(())
+}
+
+/// Live jobs of `kind`.
+async fn live_of(pool: &PgPool, kind: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM jobs WHERE kind = $1 AND state IN ('pending', 'running')",
+    )
+    .bind(kind)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// While a busy kind keeps the claims full (they then ask only for the kinds with
+/// jobs), a job of a quiet kind that came without a notification (inserted by hand
+/// here, as a scheduled job becomes due by its time) is found by the probe beside the
+/// claims and starts long before the busy kind's backlog drains.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_quiet_kinds_job_without_a_notification_starts_while_another_kind_is_busy(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts) SELECT 'pk.busy', '{}', 3 FROM generate_series(1, 20000)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let rt = Running::start(
+        runtime(&pool, &["pk.busy", "pk.other"])
+            .concurrency(10)
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    wait_until("the busy kind under way", || async {
+        live_of(&pool, "pk.busy").await < 19_500
+    })
+    .await;
+    sqlx::query("INSERT INTO jobs (kind, payload, max_attempts) VALUES ('pk.other', '{}', 3)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    wait_until("the quiet kind's job done", || async {
+        live_of(&pool, "pk.other").await == 0
+    })
+    .await;
+    let left = live_of(&pool, "pk.busy").await;
+    rt.stop().await;
+    assert!(
+        left > 1_000,
+        "the quiet kind's job waited for the busy kind's backlog: {left} jobs of it were left"
+    );
+}

@@ -487,7 +487,7 @@ picked AS MATERIALIZED (
 /// back to the time it began writing, however late it commits), a row that was locked
 /// while the claim passed it (the floor stays at it), and a row whose statement waited
 /// for a lock before it wrote (floors stay below the wait meanwhile). A probe beside
-/// the claims ([`FLOOR_PROBE`]) finds what is left behind anyway (a claimer killed while
+/// the claims ([`PROBE`]) finds what is left behind anyway (a claimer killed while
 /// it held rows, a statement that ran longer than this lag before it wrote): at least
 /// every poll interval, and, while it is slow, no more than 0.1 % of the time.
 pub(crate) const CLAIM_FLOOR_LAG: std::time::Duration = std::time::Duration::from_millis(100);
@@ -502,20 +502,24 @@ pub(crate) const CLAIM_FLOOR_LAG: std::time::Duration = std::time::Duration::fro
 /// The share: the most urgent priority first, across kinds; within a priority the kinds
 /// take turns, each kind's jobs in `run_after, id` order (the `n`-th job of every kind
 /// before the `n + 1`-th of any). Ten busy kinds get a tenth each; a kind with a
-/// backlog never starves one that has a few jobs.
+/// backlog never starves one that has a few jobs. A kind that has more jobs than its
+/// limit lets the claim take none less urgent than its own (`saturated`): the claim then
+/// takes less than `$4` rather than fill up, ahead of the handlers, with jobs that
+/// would start before the rest of that kind's more urgent ones.
 ///
 /// Index: `jobs_claim`, two range scans per kind (the first one reads at most `$2[i]`
 /// entries and locks nothing). Otherwise as [`CLAIM`].
 pub(crate) const CLAIM_SPLIT: &str = concat!(
     claim_head!(),
     r#"
-top AS MATERIALIZED (
-    SELECT c.ord
+read AS MATERIALIZED (
+    SELECT c.ord, c.priority, c.turn, c.saturated
     FROM wanted w
     CROSS JOIN LATERAL (
         SELECT one_kind.priority, w.ord,
                row_number() OVER (PARTITION BY one_kind.priority
-                                  ORDER BY one_kind.run_after, one_kind.id) AS turn
+                                  ORDER BY one_kind.run_after, one_kind.id) AS turn,
+               count(*) OVER () >= w.n AS saturated
         FROM (
             SELECT j.priority, j.run_after, j.id
             FROM generate_series(0, 9) AS p(priority)
@@ -534,7 +538,14 @@ top AS MATERIALIZED (
         ) one_kind
         LIMIT 1000
     ) c
-    ORDER BY c.priority, c.turn, c.ord
+),
+top AS (
+    SELECT r.ord
+    FROM read r
+    WHERE r.priority <= coalesce((SELECT min(f.deepest)
+                                  FROM (SELECT max(priority) AS deepest FROM read
+                                        WHERE saturated GROUP BY ord) f), 9)
+    ORDER BY r.priority, r.turn, r.ord
     LIMIT $4
 ),
 share AS (
@@ -551,19 +562,29 @@ picked AS MATERIALIZED (
     claim_tail!()
 );
 
-/// The backstop behind the claims' floors: for the kinds `$1` and their floors `$2`
-/// (ten per kind, by priority, as [`CLAIM`]'s `$5`), the earliest claimable job behind
-/// each floor, as `(kind, priority, run_after)`. The runtime lowers that floor to it,
-/// and its next claim takes the job. It finds what the claims' own reports cannot: a
-/// row a claimer held locked when it died, or one whose statement ran longer than
-/// [`CLAIM_FLOOR_LAG`] before it wrote.
+/// The probe beside the claims: for each kind `$1[i]` (a kind may be listed twice) and
+/// each priority, the earliest due job between `$2` and `$3` (ten bounds per listing, by
+/// priority, as [`CLAIM`]'s `$5`, in seconds since the epoch; a NULL upper bound reads
+/// nothing), as `(kind, priority, run_after)`. The runtime lists a kind for two
+/// questions:
 ///
-/// Index: `jobs_claim`, the first entry of each (kind, priority) range below its floor.
-/// Under a held horizon that walks every dead entry behind the floor (about as long as
-/// a claim from the start of the range: 200 ms past a million), so the runtime runs it
-/// beside its claims, on a connection of its own, and spaces it by its duration. A
-/// range with no floor (NULL) has nothing behind it and is not read.
-pub(crate) const FLOOR_PROBE: &str = r#"
+/// - **Behind the floors** (from the start of the range up to the floor): the backstop
+///   behind the claims' floors. The runtime lowers the floor to what it finds, and its
+///   next claim takes the job. It finds what the claims' own reports cannot: a row a
+///   claimer held locked when it died, or one whose statement ran longer than
+///   [`CLAIM_FLOOR_LAG`] before it wrote. A range with no floor has nothing behind it
+///   (upper bound NULL) and is not read.
+/// - **A quiet kind's due job** (from the floor on): a busy runtime's claims ask only
+///   for the kinds with jobs, and a quiet kind's job that came without a notification
+///   (one that became due by its time, say) is found here; the next claim asks for
+///   its kind.
+///
+/// Index: `jobs_claim`, the first entry of each (kind, priority) range between the
+/// bounds. Under a held horizon the look behind a floor walks every dead entry there
+/// (about as long as a claim from the start of the range: 200 ms past a million), so
+/// the runtime runs the probe beside its claims, on a connection of its own, and spaces
+/// that question by its duration; the other starts at the floor, as claims do.
+pub(crate) const PROBE: &str = r#"
 SELECT w.kind, p.priority::smallint, extract(epoch FROM b.run_after)::float8
 FROM unnest($1::text[]) WITH ORDINALITY AS w(kind, ord)
 CROSS JOIN generate_series(0, 9) AS p(priority)
@@ -571,7 +592,8 @@ CROSS JOIN LATERAL (
     SELECT run_after FROM jobs
     WHERE state = 'pending' AND kind = w.kind AND priority = p.priority::smallint
       AND run_after <= now()
-      AND run_after < to_timestamp(($2::float8[])[(w.ord - 1) * 10 + p.priority + 1])
+      AND run_after >= to_timestamp(($2::float8[])[(w.ord - 1) * 10 + p.priority + 1])
+      AND run_after < to_timestamp(($3::float8[])[(w.ord - 1) * 10 + p.priority + 1])
     ORDER BY run_after, id
     LIMIT 1
 ) b
@@ -1079,7 +1101,7 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("ENQUEUE_UNKEYED", ENQUEUE_UNKEYED),
         ("CLAIM", CLAIM),
         ("CLAIM_SPLIT", CLAIM_SPLIT),
-        ("FLOOR_PROBE", FLOOR_PROBE),
+        ("PROBE", PROBE),
         ("NEXT_DUE", NEXT_DUE),
         ("RENEW", RENEW),
         ("COMPLETE_DELETE", COMPLETE_DELETE),

@@ -1,7 +1,7 @@
 //! One claim: what it asks for ([`Ask`]), the rows it returns ([`ClaimRow`]), and the
 //! start of each in claim order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -110,27 +110,16 @@ impl Ask {
             ask.statement = sql::CLAIM;
             frees
         } else if seen.one_priority(&ask.kinds) && ask.want >= ask.kinds.len() {
-            // The busy kinds' last claims all took jobs of one priority, the same for
-            // each: no kind's jobs are more urgent than another's, so equal shares,
-            // worked out here, give what the split claim would, at the plain claim's
-            // cost (the split's `top` pass and window cost W2 over ten busy kinds a
-            // fifth of its claims' time). A quiet kind asked along may take one job:
-            // then it is busy, and if its jobs are more urgent (or a busy kind's next
-            // ones are), this claim's rows show it and the next claim is split.
+            // Every kind's last claim took jobs of one priority, the same for all: no
+            // kind's jobs are more urgent than another's, so equal shares, worked out
+            // here, give what the split claim would, at the plain claim's cost (the
+            // split's `top` pass and window cost W2 over ten busy kinds a fifth of its
+            // claims' time). If a kind's next jobs are more urgent, this claim's rows
+            // show it and the next claim is split. A quiet kind asked (a notification or
+            // the probe named it) has no priority known: the claim is split, so that
+            // its jobs take their turn by priority.
             ask.statement = sql::CLAIM;
-            let quiet: Vec<bool> = ask.kinds.iter().map(|k| seen.is_quiet(k)).collect();
-            let busy_frees: Vec<usize> = frees
-                .iter()
-                .zip(&quiet)
-                .filter(|(_, q)| !**q)
-                .map(|(f, _)| *f)
-                .collect();
-            let quiet_n = quiet.iter().filter(|q| **q).count();
-            let mut shares = fair_shares(&busy_frees, ask.want - quiet_n).into_iter();
-            quiet
-                .iter()
-                .map(|q| if *q { 1 } else { shares.next().unwrap_or(0) })
-                .collect()
+            fair_shares(&frees, ask.want)
         } else {
             // The claim that shares the total among the kinds by priority, then by
             // turns. Each busy kind may read its share twice over: the split claim
@@ -138,9 +127,10 @@ impl Ask {
             // and ten busy kinds each allowed the whole claim read ten times what it
             // took (W2 over ten busy kinds: 14,000 jobs/s). A kind that takes its whole
             // limit counts as full (`filled`), so the next claim follows at once. Quiet
-            // kinds asked along do not dilute the share: counted in, the claims that
-            // asked for every kind of the bench (one in three) took 14 jobs of each of
-            // ten busy kinds, in claims as slow as full ones.
+            // kinds asked (named by a notification or the probe) do not dilute the
+            // busy kinds' share: counted in, claims that asked for every kind of the
+            // bench took 14 jobs of each of ten busy kinds, in claims as slow as full
+            // ones.
             ask.statement = sql::CLAIM_SPLIT;
             let busy = ask.kinds.iter().filter(|k| !seen.is_quiet(k)).count();
             let share = (2 * total_free).div_ceil(busy.max(1)).max(1);
@@ -195,9 +185,8 @@ impl Ask {
 /// What the producer knows of each kind from its last claims.
 #[derive(Default)]
 pub(super) struct Seen {
-    /// The quiet kinds (their last claim took nothing), and when a claim last asked
-    /// for each.
-    pub(super) quiet: HashMap<&'static str, Instant>,
+    /// The quiet kinds: their last claim took nothing.
+    pub(super) quiet: HashSet<&'static str>,
     /// The one priority of the jobs a kind's last claim took, for a kind whose last
     /// claim took jobs of a single priority.
     pub(super) priority: HashMap<&'static str, i16>,
@@ -205,16 +194,13 @@ pub(super) struct Seen {
 
 impl Seen {
     pub(super) fn is_quiet(&self, kind: &str) -> bool {
-        self.quiet.contains_key(kind)
+        self.quiet.contains(kind)
     }
 
-    /// Whether some of `kinds` are busy, and the last claim of every busy one took jobs
-    /// of a single priority, the same for all.
+    /// Whether the last claim of every one of `kinds` took jobs of a single priority,
+    /// the same for all (a quiet kind's is not known).
     fn one_priority(&self, kinds: &[&'static str]) -> bool {
-        let mut priorities = kinds
-            .iter()
-            .filter(|k| !self.is_quiet(k))
-            .map(|k| self.priority.get(k).copied());
+        let mut priorities = kinds.iter().map(|k| self.priority.get(k).copied());
         let first = priorities.next().flatten();
         first.is_some() && priorities.all(|p| p == first)
     }
@@ -226,7 +212,6 @@ impl Seen {
     /// same priority). A claim that ran out of room within the first turn leaves the
     /// others as they were.
     pub(super) fn note(&mut self, kinds: &[&'static str], rows: &[ClaimRow], short: bool) {
-        let now = Instant::now();
         let mut taken: HashMap<&str, (usize, Option<i16>)> = HashMap::new();
         for row in rows {
             let (n, priority) = taken
@@ -246,7 +231,7 @@ impl Seen {
                     None => self.priority.remove(kind),
                 };
             } else if had_turn {
-                self.quiet.insert(kind, now);
+                self.quiet.insert(kind);
                 self.priority.remove(kind);
             }
         }

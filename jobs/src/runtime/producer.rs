@@ -25,7 +25,7 @@
 //!    priority, the same for all (a quiet kind asked along may take one); otherwise by
 //!    [`sql::CLAIM_SPLIT`], the most urgent priority first, then by turns. A quiet kind
 //!    (its last claim found nothing) is asked for only when a notification names it, or
-//!    every `QUIET_EVERY`. The rows start in claim order,
+//!    the probe (below) finds one of its jobs due. The rows start in claim order,
 //!    each in an executor that waits for a slot (`super::claim`); the floors move
 //!    ([`super::floors`]); and the claim was full if it took all it asked for, or all it
 //!    asked of some kind.
@@ -40,9 +40,11 @@
 //! renewed like a running one; one that finds no slot within a second goes back.
 //!
 //! Each scan of a (kind, priority) range starts at its floor rather than at the start
-//! of the range, and each claim says how far its floors may move; a probe beside the
-//! claims, on a connection of the runtime's pool, finds what is left behind anyway and
-//! lowers the floor to it (`super::floors`).
+//! of the range, and each claim says how far its floors may move (`super::floors`).
+//! A probe beside the claims, on a connection of the runtime's pool ([`sql::PROBE`]),
+//! asks what the claims do not: what is left behind the floors anyway (it lowers the
+//! floor to it), and, every `QUIET_EVERY` while the claims are busy, whether a quiet
+//! kind has a job due (the next claim asks for that kind).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,10 +84,11 @@ const NEXT_DUE_MARGIN: Duration = Duration::from_millis(2);
 /// notified one waits for its claim.
 const WRITERS_POLL: Duration = Duration::from_millis(10);
 
-/// How often a claim asks for a quiet kind (one its last claim found nothing of) that
-/// no notification has named since: a busy runtime's claims do not probe the ranges
-/// of every idle kind of the application each time (ten index probes each), and a job
-/// of such a kind that came without a notification waits this long at most.
+/// How often, while the claims are busy, the probe asks whether a quiet kind (one its
+/// last claim found nothing of) has a job due: a busy runtime's claims ask only for the
+/// kinds with jobs (a claim that also probed the ten ranges of each idle kind of the
+/// application took a third longer), and a job of a quiet kind that came without a
+/// notification waits this long, and the probe's time, at most.
 const QUIET_EVERY: Duration = Duration::from_millis(50);
 
 /// How often a runtime that cannot renew leases (and so claims nothing) says so.
@@ -153,6 +156,8 @@ struct Producer {
     first_kind: usize,
     /// The quiet kinds, and the priority of each busy kind's last claim.
     seen: Seen,
+    /// When the probe last asked whether a quiet kind has a job due.
+    quiet_asked: Instant,
 }
 
 impl Producer {
@@ -178,6 +183,7 @@ impl Producer {
             claim_sent: Instant::now(),
             first_kind: 0,
             seen: Seen::default(),
+            quiet_asked: Instant::now(),
         }
     }
 
@@ -203,7 +209,7 @@ impl Producer {
             let answer = self.probe.take().expect("checked").await;
             self.more |= self.settle_probe(answer);
         }
-        if self.probe.is_none() && self.floors.probe_due(self.shared.poll_interval) {
+        if self.probe.is_none() {
             self.start_probe();
         }
     }
@@ -380,8 +386,8 @@ impl Producer {
     }
 
     /// The kinds this claim asks for: every kind with room but the quiet ones, unless a
-    /// notification named one since, or `QUIET_EVERY` has passed since a claim asked
-    /// for it. An idle runtime asks for every kind: its claims are few.
+    /// notification or the probe named one since. An idle runtime asks for every kind:
+    /// its claims are few.
     fn asked(
         &self,
         per_kind: &[(&'static HandlerInfo, usize)],
@@ -389,11 +395,7 @@ impl Producer {
         let notified = std::mem::take(&mut *self.shared.notified.lock().expect("lock poisoned"));
         per_kind
             .iter()
-            .filter(|(info, _)| {
-                self.seen.quiet.get(info.kind).is_none_or(|asked| {
-                    notified.contains(info.kind) || asked.elapsed() >= QUIET_EVERY
-                })
-            })
+            .filter(|(info, _)| !self.seen.is_quiet(info.kind) || notified.contains(info.kind))
             .copied()
             .collect()
     }
@@ -445,18 +447,39 @@ impl Producer {
         }
     }
 
-    /// Starts the floor probe beside the claims, on a connection of the runtime's pool.
+    /// Starts the probe beside the claims, on a connection of the runtime's pool, with
+    /// the questions due ([`sql::PROBE`]): what is behind the floors (at least every
+    /// poll interval, spaced by its duration), and, while the claims are busy, whether
+    /// a quiet kind has a job due (every `QUIET_EVERY`).
     fn start_probe(&mut self) {
         let mut kinds = Vec::new();
-        let mut floors = Vec::new();
-        for kind in self.shared.handlers.keys() {
-            kinds.push(*kind);
-            floors.extend(self.floors.set_of(kind));
+        let (mut from, mut to) = (Vec::new(), Vec::new());
+        let behind = self.floors.probe_due(self.shared.poll_interval)
+            && self
+                .shared
+                .handlers
+                .keys()
+                .any(|kind| self.floors.set_of(kind).any(|f| f.is_some()));
+        if behind {
+            // A kind with no floor yet has nothing behind one: its bounds read nothing.
+            self.floors.probe_started();
+            for kind in self.shared.handlers.keys() {
+                kinds.push(*kind);
+                from.extend([Some(f64::NEG_INFINITY); 10]);
+                to.extend(self.floors.set_of(kind));
+            }
         }
-        if floors.iter().all(Option::is_none) {
-            return; // no floor yet: nothing can be behind one
+        if self.more && self.quiet_asked.elapsed() >= QUIET_EVERY {
+            self.quiet_asked = Instant::now();
+            for kind in &self.seen.quiet {
+                kinds.push(*kind);
+                from.extend(self.floors.of(kind).map(Some));
+                to.extend([Some(f64::INFINITY); 10]);
+            }
         }
-        self.floors.probe_started();
+        if kinds.is_empty() {
+            return;
+        }
         let shared = self.shared.clone();
         let done = self.probe_done.clone();
         self.probe = Some(tokio::spawn(async move {
@@ -465,53 +488,63 @@ impl Producer {
                 let mut conn = shared.db.acquire().await?;
                 crate::pooler::alone!(
                     &mut *conn,
-                    crate::pooler::query_as::<_, (String, i16, f64)>(sql::FLOOR_PROBE)
+                    crate::pooler::query_as::<_, (String, i16, f64)>(sql::PROBE)
                         .bind(&kinds)
-                        .bind(&floors),
+                        .bind(&from)
+                        .bind(&to),
                     fetch_all
                 )
                 .await
             };
-            let found = super::answer_within(shared.answer_within, "the floor probe", query).await;
+            let found = super::answer_within(shared.answer_within, "the probe", query).await;
             done.notify_one();
-            (found, begun.elapsed())
+            (found, begun.elapsed(), behind)
         }));
     }
 
-    /// Reads a finished probe's answer: lowers the floors to what it found behind them.
-    /// Returns whether it found anything.
+    /// Reads a finished probe's answer: lowers the floors to what it found behind them,
+    /// and names each quiet kind it found a job of to the next claim. Returns whether
+    /// it found anything.
     fn settle_probe(&mut self, answer: Result<ProbeAnswer, tokio::task::JoinError>) -> bool {
-        match answer {
-            Ok((Ok(found), took)) => {
-                self.floors.probe_ended(took);
+        let (found, took, behind) = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::error!(error = %e, "the probe's task ended without an answer");
+                return false;
+            }
+        };
+        if behind {
+            self.floors.probe_ended(took);
+        }
+        match found {
+            Ok(found) => {
+                let mut notified = self.shared.notified.lock().expect("lock poisoned");
                 for (kind, priority, run_after) in &found {
                     if let Some((&kind, _)) = self.shared.handlers.get_key_value(kind.as_str()) {
                         self.floors.lower(kind, *priority, *run_after);
+                        if self.seen.is_quiet(kind) {
+                            notified.insert(kind);
+                        }
                     }
                 }
                 !found.is_empty()
             }
-            Ok((Err(e), took)) => {
-                self.floors.probe_ended(took);
-                if matches!(e, sqlx::Error::PoolTimedOut) {
-                    // The claims say why the runtime's pool has no connection.
-                    tracing::debug!("no connection for a look behind the claims' floors");
-                } else {
-                    tracing::warn!(error = %crate::error::server_message(&e), "cannot look behind the claims' floors; retrying");
-                }
+            Err(sqlx::Error::PoolTimedOut) => {
+                // The claims say why the runtime's pool has no connection.
+                tracing::debug!("no connection for the probe beside the claims");
                 false
             }
             Err(e) => {
-                tracing::error!(error = %e, "the floor probe's task ended without an answer");
+                tracing::warn!(error = %crate::error::server_message(&e), "cannot probe beside the claims; retrying");
                 false
             }
         }
     }
 }
 
-/// The floor probe's answer: what it found behind the floors (kind, priority,
-/// run-after), and how long it took.
-type ProbeAnswer = (Result<Vec<(String, i16, f64)>, sqlx::Error>, Duration);
+/// The probe's answer: what it found (kind, priority, run-after), how long it took,
+/// and whether it looked behind the floors.
+type ProbeAnswer = (Result<Vec<(String, i16, f64)>, sqlx::Error>, Duration, bool);
 
 /// The backoff between failed claims.
 fn claim_backoff() -> Backoff {
