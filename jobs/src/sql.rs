@@ -318,8 +318,8 @@ macro_rules! locking_scan {
 /// claim took (all it needs to know); read forward, bounded by `(run_after, id) <=
 /// (..)`, PostgreSQL does not end the scan inside rows that share a run-after, and one
 /// statement's enqueue gives all its rows one: each claim read on to the end of such a
-/// batch (4 ms per 10,000 rows on a slow database). `held_back` is the first pending
-/// row from the floor (one index probe).
+/// batch (4 ms per 10,000 rows on a slow database). `held_back`, for the ranges where
+/// the claim passed rows, is the first pending row from the floor (one index probe).
 ///
 /// `writers`: the transactions (xids) in progress at this statement's snapshot that
 /// hold a write or row lock on `jobs` (each may commit a pending row this claim could
@@ -346,31 +346,28 @@ edge AS (
     ORDER BY ord, priority, run_after DESC, id DESC
 ),
 passed AS MATERIALIZED (
-    SELECT w.kind, e.priority, s.first
+    SELECT w.kind, e.priority,
+           (SELECT j.run_after
+            FROM jobs j
+            WHERE j.state = 'pending' AND j.kind = w.kind AND j.priority = e.priority::smallint
+              AND j.run_after >= "#,
+            floor_of!("w", "e.priority"),
+            r#"
+            ORDER BY j.run_after, j.id
+            LIMIT 1) AS first
     FROM edge e
     JOIN wanted w ON w.ord = e.ord
-    CROSS JOIN LATERAL (
-        SELECT (SELECT j.run_after
-                FROM jobs j
-                WHERE j.state = 'pending' AND j.kind = w.kind AND j.priority = e.priority::smallint
-                  AND j.run_after >= "#,
+    WHERE (SELECT count(*)
+           FROM (SELECT 1
+                 FROM jobs j
+                 WHERE j.state = 'pending' AND j.kind = w.kind
+                   AND j.priority = e.priority::smallint
+                   AND j.run_after >= "#,
             floor_of!("w", "e.priority"),
             r#"
-                ORDER BY j.run_after, j.id
-                LIMIT 1) AS first,
-               (SELECT count(*)
-                FROM (SELECT 1
-                      FROM jobs j
-                      WHERE j.state = 'pending' AND j.kind = w.kind
-                        AND j.priority = e.priority::smallint
-                        AND j.run_after >= "#,
-            floor_of!("w", "e.priority"),
-            r#"
-                        AND (j.run_after, j.id) <= (e.run_after, e.id)
-                      ORDER BY j.run_after DESC, j.id DESC
-                      LIMIT e.taken + 1) b) AS seen
-    ) s
-    WHERE s.seen > e.taken
+                   AND (j.run_after, j.id) <= (e.run_after, e.id)
+                 ORDER BY j.run_after DESC, j.id DESC
+                 LIMIT e.taken + 1) b) > e.taken
 ),
 locks AS MATERIALIZED (
     SELECT l.locktype, l.virtualtransaction, l.transactionid::text::bigint AS xid,
