@@ -275,3 +275,44 @@ async fn urgent_jobs_of_one_busy_kind_overtake_another_kinds_backlog(pool: PgPoo
         "{beside} jobs of the other kind's backlog ran beside the urgent ones"
     );
 }
+
+/// One kind's urgent jobs, more than a claim takes of it, are held by another
+/// transaction (`FOR UPDATE`) while a less urgent backlog of another kind waits: the
+/// backlog runs meanwhile. The split claim shares a claim by what it reads without
+/// locks: the held kind took the whole claim and locked none of it, and the backlog
+/// waited for as long as the rows were held (so before this test, and so when the
+/// claim's cut to a kind at its limit was made on that unlocked read).
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_less_urgent_backlog_runs_while_another_kinds_urgent_jobs_are_held(pool: PgPool) {
+    sqlx::query("CREATE TABLE ran (n bigint, at timestamptz)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut batch = jobs::EnqueueBatch::new();
+    for n in 0..100 {
+        batch
+            .push_with(&Other { n: 20_000 + n }, EnqueueOptions::new().priority(0))
+            .unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM jobs WHERE kind = 'pr.other' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    for n in 1..=20 {
+        enqueue(&pool, n, 5, 0).await;
+    }
+    let rt = Running::start(runtime(&pool, &["pr.work", "pr.other"]).concurrency(2));
+    wait_until(
+        "the backlog ran while the urgent jobs were held",
+        || async { ran(&pool, "n <= 20").await == 20 },
+    )
+    .await;
+    holder.rollback().await.unwrap();
+    wait_until("the urgent jobs ran once released", || async {
+        ran(&pool, "n >= 20000").await == 100
+    })
+    .await;
+    rt.stop().await;
+}

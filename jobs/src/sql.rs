@@ -517,24 +517,28 @@ pub(crate) const CLAIM_FLOOR_LAG: std::time::Duration = std::time::Duration::fro
 /// The share: the most urgent priority first, across kinds; within a priority the kinds
 /// take turns, each kind's jobs in `run_after, id` order (the `n`-th job of every kind
 /// before the `n + 1`-th of any). Ten busy kinds get a tenth each; a kind with a
-/// backlog never starves one that has a few jobs. A kind that has more jobs than its
-/// limit lets the claim take none less urgent than its own (`saturated`): the claim then
-/// takes less than `$4` rather than fill up, ahead of the handlers, with jobs that
-/// would start before the rest of that kind's more urgent ones.
+/// backlog never starves one that has a few jobs. A kind whose locking scan took its whole
+/// limit (it may have more) lets the claim keep none less urgent than its own
+/// (`at_limit`): the claim then takes less than `$4` rather than fill up, ahead of the
+/// handlers, with jobs that would start before the rest of that kind's more urgent
+/// ones; the rows it lets go were locked for the statement only, and the kind's full
+/// limit makes the next claim follow at once. The cut follows what the locking scans
+/// took, not the unlocked pass: a kind whose urgent jobs another transaction holds takes
+/// less than its limit, and the other kinds' jobs are claimed meanwhile (cut on the
+/// unlocked pass, they waited for as long as that transaction held the rows).
 ///
 /// Index: `jobs_claim`, two range scans per kind (the first one reads at most `$2[i]`
 /// entries and locks nothing). Otherwise as [`CLAIM`].
 pub(crate) const CLAIM_SPLIT: &str = concat!(
     claim_head!(),
     r#"
-read AS MATERIALIZED (
-    SELECT c.ord, c.priority, c.turn, c.saturated
+top AS MATERIALIZED (
+    SELECT c.ord
     FROM wanted w
     CROSS JOIN LATERAL (
         SELECT one_kind.priority, w.ord,
                row_number() OVER (PARTITION BY one_kind.priority
-                                  ORDER BY one_kind.run_after, one_kind.id) AS turn,
-               count(*) OVER () >= w.n AS saturated
+                                  ORDER BY one_kind.run_after, one_kind.id) AS turn
         FROM (
             SELECT j.priority, j.run_after, j.id
             FROM generate_series(0, 9) AS p(priority)
@@ -553,26 +557,33 @@ read AS MATERIALIZED (
         ) one_kind
         LIMIT 1000
     ) c
-),
-top AS (
-    SELECT r.ord
-    FROM read r
-    WHERE r.priority <= coalesce((SELECT min(f.deepest)
-                                  FROM (SELECT max(priority) AS deepest FROM read
-                                        WHERE saturated GROUP BY ord) f), 9)
-    ORDER BY r.priority, r.turn, r.ord
+    ORDER BY c.priority, c.turn, c.ord
     LIMIT $4
 ),
 share AS (
     SELECT t.ord, count(*) AS n FROM top t GROUP BY t.ord
 ),
-picked AS MATERIALIZED (
+locked AS MATERIALIZED (
     SELECT c.id, c.run_after, c.priority, c.ord
     FROM share s
     JOIN wanted w ON w.ord = s.ord
     "#,
     locking_scan!("s.n"),
     r#"
+),
+at_limit AS (
+    SELECT max(l.priority) AS deepest
+    FROM locked l
+    JOIN share s ON s.ord = l.ord
+    JOIN wanted w ON w.ord = l.ord
+    WHERE s.n >= w.n
+    GROUP BY l.ord, s.n
+    HAVING count(*) >= s.n
+),
+picked AS MATERIALIZED (
+    SELECT l.id, l.run_after, l.priority, l.ord
+    FROM locked l
+    WHERE l.priority <= coalesce((SELECT min(deepest) FROM at_limit), 9)
 ),"#,
     claim_tail!()
 );

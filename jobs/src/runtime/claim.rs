@@ -109,7 +109,8 @@ impl Ask {
             // Each kind may take all it has room for: the plain claim.
             ask.statement = sql::CLAIM;
             frees
-        } else if seen.one_priority(&ask.kinds) && ask.want >= ask.kinds.len() {
+        } else if (seen.one_priority(&ask.kinds) || seen.split_short) && ask.want >= ask.kinds.len()
+        {
             // Every kind's last claim took jobs of one priority, the same for all: no
             // kind's jobs are more urgent than another's, so equal shares, worked out
             // here, give what the split claim would, at the plain claim's cost (the
@@ -117,7 +118,11 @@ impl Ask {
             // claims' time). If a kind's next jobs are more urgent, this claim's rows
             // show it and the next claim is split. A quiet kind asked (a notification or
             // the probe named it) has no priority known: the claim is split, so that
-            // its jobs take their turn by priority.
+            // its jobs take their turn by priority. After a split claim that came back
+            // short, the shares are equal too: the split shares by what it reads
+            // without locks, so a kind whose urgent jobs another transaction holds took
+            // the whole claim and locked none of it, and the other kinds' jobs waited
+            // for as long as those rows were held.
             ask.statement = sql::CLAIM;
             fair_shares(&frees, ask.want)
         } else {
@@ -190,6 +195,8 @@ pub(super) struct Seen {
     /// The one priority of the jobs a kind's last claim took, for a kind whose last
     /// claim took jobs of a single priority.
     pub(super) priority: HashMap<&'static str, i16>,
+    /// Whether the last claim was split and took less than it asked for.
+    pub(super) split_short: bool,
 }
 
 impl Seen {
@@ -205,13 +212,15 @@ impl Seen {
         first.is_some() && priorities.all(|p| p == first)
     }
 
-    /// Notes what a claim that asked for `kinds` took: a kind that took jobs is busy,
+    /// Notes what a claim took: a kind that took jobs is busy,
     /// with their priority if they share one; one that took none though a kind with a
     /// job due had its turn is quiet: the claim had room for more (`short`), or took a
     /// second job of some kind (a job of every kind precedes the second of any, at the
     /// same priority). A claim that ran out of room within the first turn leaves the
     /// others as they were.
-    pub(super) fn note(&mut self, kinds: &[&'static str], rows: &[ClaimRow], short: bool) {
+    pub(super) fn note(&mut self, ask: &Ask, rows: &[ClaimRow], filled: bool) {
+        let (kinds, short) = (&ask.kinds, rows.len() < ask.want);
+        self.split_short = short && !filled && ask.statement == sql::CLAIM_SPLIT;
         let mut taken: HashMap<&str, (usize, Option<i16>)> = HashMap::new();
         for row in rows {
             let (n, priority) = taken

@@ -21,9 +21,9 @@
 //!    a job or two.
 //! 4. **Claim**: one statement for the kinds with room ([`sql::CLAIM`]). When their
 //!    limits add up to more than the free capacity, the claim is shared among them: in
-//!    the runtime, in equal shares, while every busy kind's last claim took jobs of one
-//!    priority, the same for all (a quiet kind asked along may take one); otherwise by
-//!    [`sql::CLAIM_SPLIT`], the most urgent priority first, then by turns. A quiet kind
+//!    the runtime, in equal shares, while every kind's last claim took jobs of one
+//!    priority, the same for all, or after a split claim that came back short;
+//!    otherwise by [`sql::CLAIM_SPLIT`], the most urgent priority first, then by turns. A quiet kind
 //!    (its last claim found nothing) is asked for only when a notification names it, or
 //!    the probe (below) finds one of its jobs due. The rows start in claim order,
 //!    each in an executor that waits for a slot (`super::claim`); the floors move
@@ -372,7 +372,7 @@ impl Producer {
                     self.rates.claimed(self.claim_sent.elapsed());
                 }
                 self.more = ask.filled(&rows);
-                self.seen.note(&ask.kinds, &rows, rows.len() < ask.want);
+                self.seen.note(&ask, &rows, self.more);
                 self.start_all(rows, &ask.kinds).await;
                 if !self.more {
                     // Idle next: let the executors just started (each waiting in this
