@@ -36,6 +36,7 @@ async fn coexists_with_application_migrations_in_either_order(pool: PgPool) {
             "_sqlx_migrations",
             "app_users",
             "jobs",
+            "jobs_limits",
             "jobs_paused",
             "jobs_runtimes",
             "jobs_throughput"

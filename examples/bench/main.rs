@@ -1,7 +1,7 @@
 //! The project's benchmark: enqueue, drain, pickup latency, backlog and scale-out.
 //!
 //! ```sh
-//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w1m w2 w2k w2s w3 w4 w5 w6 w7]
+//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w1m w2 w2k w2s w3 w4 w5 w6 w7 w8]
 //! cargo run --release --example bench -- horizon [--held 600] [--holder xid|readers]
 //! cargo run --release --example bench -- web [--rows 2000000] [--runs 9]
 //! cargo run --release --example bench -- failover [--rate 500] [--before 20] [--down 2] [--after 30]
@@ -27,6 +27,7 @@ use sqlx::{PgPool, Postgres};
 mod failover;
 mod horizon;
 mod late;
+mod limits;
 mod web;
 
 /// A no-op job.
@@ -844,6 +845,10 @@ async fn main() {
         child().await;
         return;
     }
+    if args.first().map(String::as_str) == Some("--child-limited") {
+        limits::child().await;
+        return;
+    }
     if args.first().map(String::as_str) == Some("horizon") {
         let (options, rest) = horizon::Options::parse(&args[1..]);
         assert!(rest.is_empty(), "unknown arguments to horizon: {rest:?}");
@@ -905,10 +910,11 @@ async fn main() {
             }
             "w4" => w2(n, runs, true, &[10, 100], Claims::All, false).await,
             "w7" => late::run(runs.max(20)).await,
+            "w8" => limits::run(runs).await,
             "w5" => w5(n, runs).await,
             "w6" => w6(runs).await,
             "w1m" => w1m(runs).await,
-            other => panic!("unknown workload {other}: expected w1, w1m, w2, w2k, w2s, w3..w7"),
+            other => panic!("unknown workload {other}: expected w1, w1m, w2, w2k, w2s, w3..w8"),
         }
     }
 }

@@ -114,6 +114,22 @@ pub enum Command {
         /// The kind.
         kind: String,
     },
+    /// Show or set a kind's limits across every runtime (without a kind: every kind an
+    /// operator has limited). A value set here wins over the kind's attribute
+    /// (`global_concurrency`) until --clear; runtimes apply it within their poll interval.
+    Limits {
+        /// The kind.
+        kind: Option<String>,
+        /// At most this many jobs of the kind running at once, across every runtime.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        concurrency: Option<u32>,
+        /// Clear the limits set here: the kind's attribute applies again.
+        #[arg(long, conflicts_with = "concurrency")]
+        clear: bool,
+        /// One JSON object per kind and line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete a failed job.
     Discard {
         /// The failed job's id.

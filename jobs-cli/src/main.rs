@@ -364,6 +364,12 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
         }
         Command::Resume { kind } => act(conn, Action::Resume(kind)).await?,
         Command::Discard { id } => act(conn, Action::Discard(id)).await?,
+        Command::Limits {
+            kind,
+            concurrency,
+            clear,
+            json,
+        } => limits(conn, kind, concurrency, clear, json).await?,
         Command::Web { .. } => unreachable!("served by `web`, before a connection is opened"),
         Command::Prune {
             older_than,
@@ -392,6 +398,79 @@ async fn act(conn: &mut PgConnection, action: Action) -> Result<(), Failure> {
         Err(ActionError::Refused(message)) => Err(Failure::Operation(output::clean(&message))),
         Err(e) => Err(Failure::Operation(e.to_string())),
     }
+}
+
+/// `jobsctl limits`: sets or clears a kind's limits, then shows them (every kind an
+/// operator has limited, without a kind).
+async fn limits(
+    conn: &mut PgConnection,
+    kind: Option<String>,
+    concurrency: Option<u32>,
+    clear: bool,
+    json: bool,
+) -> Result<(), Failure> {
+    let Some(kind) = kind else {
+        if concurrency.is_some() || clear {
+            return Err(Failure::Usage(
+                "name the kind whose limits to change: jobsctl limits KIND --concurrency N"
+                    .to_owned(),
+            ));
+        }
+        let rows = admin::limits(&mut *conn).await?;
+        if json {
+            print(&lines(rows.iter().map(output::limits_json)));
+        } else if rows.is_empty() {
+            print(
+                "no kind has limits set by an operator (a kind's own global_concurrency attribute is not stored in the database)\n",
+            );
+        } else {
+            print(&output::limits_table(&rows));
+        }
+        return Ok(());
+    };
+    if clear {
+        let was = admin::clear_limits(&mut *conn, &kind).await?;
+        let message = if was {
+            format!(
+                "limits of `{kind}` cleared: its own attribute applies again, within the runtimes' poll interval"
+            )
+        } else {
+            format!("`{kind}` had no limits set by an operator")
+        };
+        print(&format!("{}\n", output::clean(&message)));
+        return Ok(());
+    }
+    if let Some(n) = concurrency {
+        admin::set_limits(
+            &mut *conn,
+            &kind,
+            admin::KindLimits::default().concurrency(n),
+        )
+        .await?;
+        print(&format!(
+            "{}\n",
+            output::clean(&format!(
+                "`{kind}`: at most {n} running at once across every runtime, within the runtimes' poll interval"
+            ))
+        ));
+        return Ok(());
+    }
+    let rows: Vec<_> = admin::limits(&mut *conn)
+        .await?
+        .into_iter()
+        .filter(|r| r.kind == kind)
+        .collect();
+    if json {
+        print(&lines(rows.iter().map(output::limits_json)));
+    } else if rows.is_empty() {
+        print(&format!(
+            "{}\n",
+            output::clean(&format!("`{kind}` has no limits set by an operator"))
+        ));
+    } else {
+        print(&output::limits_table(&rows));
+    }
+    Ok(())
 }
 
 fn plural(n: u64) -> &'static str {

@@ -516,6 +516,43 @@ pub fn runtime_json(r: &jobs::admin::RuntimeRow) -> Value {
     })
 }
 
+/// The limits operators set, as a table.
+pub fn limits_table(rows: &[jobs::admin::KindLimitsRow]) -> String {
+    use Align::{Left, Right};
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                cut(&r.kind, 40),
+                r.limits
+                    .concurrency
+                    .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+                r.running.to_string(),
+                time(&r.updated_at),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            ("KIND", Left),
+            ("CONCURRENCY", Right),
+            ("RUNNING", Right),
+            ("SET", Left),
+        ],
+        &cells,
+    )
+}
+
+/// One kind's limits as a JSON object.
+pub fn limits_json(r: &jobs::admin::KindLimitsRow) -> Value {
+    json!({
+        "kind": r.kind,
+        "concurrency": r.limits.concurrency,
+        "running": r.running,
+        "set_at": time(&r.updated_at),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,6 +37,7 @@ pub(crate) struct JobAttr {
     pub cancel_on_lease_loss: Option<bool>,
     pub timeout: Option<Millis>,
     pub concurrency: Option<u32>,
+    pub global_concurrency: Option<u32>,
     pub retain: Option<Millis>,
     pub every: Option<Millis>,
     pub every_span: Option<Span>,
@@ -57,6 +58,7 @@ const LEASE: &str = "lease";
 const CANCEL_ON_LEASE_LOSS: &str = "cancel_on_lease_loss";
 const TIMEOUT: &str = "timeout";
 const CONCURRENCY: &str = "concurrency";
+const GLOBAL_CONCURRENCY: &str = "global_concurrency";
 const RETAIN: &str = "retain";
 const EVERY: &str = "every";
 const CRON: &str = "cron";
@@ -77,6 +79,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     (CANCEL_ON_LEASE_LOSS, "cancel_on_lease_loss = false"),
     (TIMEOUT, "timeout = \"5m\""),
     (CONCURRENCY, "concurrency = 4"),
+    (GLOBAL_CONCURRENCY, "global_concurrency = 8"),
     (RETAIN, "retain = \"7d\""),
     (EVERY, "every = \"10m\""),
     (CRON, "cron = \"0 3 * * *\""),
@@ -98,6 +101,7 @@ const KEYS: &[&str] = &[
     CANCEL_ON_LEASE_LOSS,
     TIMEOUT,
     CONCURRENCY,
+    GLOBAL_CONCURRENCY,
     RETAIN,
     EVERY,
     CRON,
@@ -223,6 +227,11 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
                 // #[job(concurrency = 4)]
                 CONCURRENCY => match positive(&value, example(CONCURRENCY)) {
                     Ok(n) => out.concurrency = Some(n),
+                    Err(e) => errors.push(e),
+                },
+                // #[job(global_concurrency = 8)]
+                GLOBAL_CONCURRENCY => match positive(&value, example(GLOBAL_CONCURRENCY)) {
+                    Ok(n) => out.global_concurrency = Some(n),
                     Err(e) => errors.push(e),
                 },
                 // #[job(retain = "7d")]

@@ -192,6 +192,9 @@ fn expand_impl(
     if let Some(n) = attr.concurrency {
         config = quote!(#config.with_concurrency(#n));
     }
+    if let Some(n) = attr.global_concurrency {
+        config = quote!(#config.with_global_concurrency(#n));
+    }
     if let Some(d) = &attr.retain {
         let d = millis(d.value);
         config = quote!(#config.with_retain(#d));

@@ -43,6 +43,9 @@ pub(crate) const STATEMENTS: &[(&str, &str)] = &[
     ("PAUSE", PAUSE),
     ("RESUME", RESUME),
     ("PAUSED", PAUSED),
+    ("SET_LIMITS", SET_LIMITS),
+    ("CLEAR_LIMITS", CLEAR_LIMITS),
+    ("LIMITS", LIMITS),
     ("RUNTIMES", RUNTIMES),
     ("THROUGHPUT", THROUGHPUT),
 ];
@@ -1102,6 +1105,155 @@ where
     E: PgExecutor<'e>,
 {
     Ok(crate::pooler::query_as(PAUSED).fetch_all(executor).await?)
+}
+
+/// Sets the operator's limits of kind `$1` (`$2` the global concurrency), replacing
+/// any set before, and notifies the runtimes as [`PAUSE`] does, so that they read the
+/// limits again at once. Index: the primary key of `jobs_limits`.
+const SET_LIMITS: &str = r#"
+WITH i AS (
+    INSERT INTO jobs_limits (kind, concurrency) VALUES ($1, $2)
+    ON CONFLICT (kind) DO UPDATE SET concurrency = excluded.concurrency, updated_at = now()
+    RETURNING kind
+)
+SELECT count(pg_notify('jobs_paused', i.kind)) FROM i
+"#;
+
+/// Deletes the operator's limits of kind `$1` and notifies the runtimes. Index: the
+/// primary key of `jobs_limits`.
+const CLEAR_LIMITS: &str = r#"
+WITH d AS (DELETE FROM jobs_limits WHERE kind = $1 RETURNING kind)
+SELECT count(pg_notify('jobs_paused', d.kind)) FROM d
+"#;
+
+/// The operator's limits, in kind order, with each kind's running jobs. Index: the
+/// primary key of `jobs_limits`; `jobs_running`, one range per kind.
+const LIMITS: &str = r#"
+SELECT l.kind, l.concurrency, l.updated_at,
+       (SELECT count(*) FROM jobs j WHERE j.state = 'running' AND j.kind = l.kind) AS running
+FROM jobs_limits l
+ORDER BY l.kind
+"#;
+
+/// Limits of a kind across every runtime on the database, as an operator sets them
+/// ([`set_limits`]). A value set here wins over the kind's attribute
+/// (`#[job(global_concurrency = 8)]`) until [`clear_limits`].
+///
+/// ```
+/// let limits = jobs::admin::KindLimits::default().concurrency(4);
+/// assert_eq!(limits.concurrency, Some(4));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KindLimits {
+    /// At most this many jobs of the kind running at once across every runtime (at
+    /// least 1); `None` leaves the attribute's value, if any, in force.
+    pub concurrency: Option<u32>,
+}
+
+impl KindLimits {
+    /// Sets the global concurrency.
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = Some(n);
+        self
+    }
+}
+
+/// An operator's limits of one kind ([`limits`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KindLimitsRow {
+    /// The kind.
+    pub kind: String,
+    /// The limits set.
+    pub limits: KindLimits,
+    /// When they were set.
+    pub updated_at: DateTime<Utc>,
+    /// The jobs of the kind running now, across every runtime.
+    pub running: u64,
+}
+
+/// Sets the limits of `kind` across every runtime on the database, in place of its
+/// attribute's and of any set before: every runtime applies them within its poll
+/// interval (one second by default; at once when the notification reaches it). Until
+/// then a runtime may start jobs under the old limit: lowering a limit does not stop
+/// jobs already running, which finish, and the kind runs at the new limit once enough
+/// of them have. A concurrency of 0 is an [`Error::InvalidInput`] (pause the kind
+/// instead, [`pause`]).
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// use jobs::admin::KindLimits;
+/// // The provider asked us to slow down: at most 2 calls at once, from every replica.
+/// jobs::admin::set_limits(&pool, "llm.embed", KindLimits::default().concurrency(2)).await?;
+/// # Ok(()) }
+/// ```
+pub async fn set_limits<'e, E>(executor: E, kind: &str, limits: KindLimits) -> Result<(), Error>
+where
+    E: PgExecutor<'e>,
+{
+    crate::limits::check_kind_and_key(kind, None)?;
+    let concurrency = match limits.concurrency {
+        Some(0) => {
+            return Err(Error::InvalidInput(format!(
+                "a global concurrency of 0 for kind `{kind}` would never run its jobs: \
+                 pause the kind instead (jobs::admin::pause)"
+            )));
+        }
+        Some(n) => Some(i32::try_from(n).unwrap_or(i32::MAX)),
+        None => None,
+    };
+    crate::pooler::query_scalar::<_, i64>(SET_LIMITS)
+        .bind(kind)
+        .bind(concurrency)
+        .fetch_one(executor)
+        .await?;
+    Ok(())
+}
+
+/// Clears the limits an operator set for `kind` ([`set_limits`]): the kind's attribute
+/// applies again, within the runtimes' poll interval. Returns whether any were set.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// jobs::admin::clear_limits(&pool, "llm.embed").await?;
+/// # Ok(()) }
+/// ```
+pub async fn clear_limits<'e, E>(executor: E, kind: &str) -> Result<bool, Error>
+where
+    E: PgExecutor<'e>,
+{
+    notified(executor, CLEAR_LIMITS, kind).await
+}
+
+/// The limits operators have set ([`set_limits`]), in kind order, each with the kind's
+/// running jobs. A kind limited only by its attribute is not listed: the attribute
+/// lives in the binaries that run it.
+///
+/// ```no_run
+/// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
+/// for row in jobs::admin::limits(&pool).await? {
+///     println!("{}: {} running, limit {:?}", row.kind, row.running, row.limits.concurrency);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn limits<'e, E>(executor: E) -> Result<Vec<KindLimitsRow>, Error>
+where
+    E: PgExecutor<'e>,
+{
+    let rows: Vec<(String, Option<i32>, DateTime<Utc>, i64)> =
+        crate::pooler::query_as(LIMITS).fetch_all(executor).await?;
+    Ok(rows
+        .into_iter()
+        .map(|(kind, concurrency, updated_at, running)| KindLimitsRow {
+            kind,
+            limits: KindLimits {
+                concurrency: concurrency.and_then(|n| u32::try_from(n).ok()),
+            },
+            updated_at,
+            running: count(running),
+        })
+        .collect())
 }
 
 /// The runtimes registered, oldest first, each with how many jobs it holds claimed.

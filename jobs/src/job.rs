@@ -142,6 +142,10 @@ pub struct JobConfig {
     pub timeout: Option<Duration>,
     /// At most this many jobs of the kind run at once in one runtime (`concurrency = 4`).
     pub concurrency: Option<u32>,
+    /// At most this many jobs of the kind run at once across every runtime on the
+    /// database (`global_concurrency = 8`). An operator's value
+    /// ([`admin::set_limits`](crate::admin::set_limits)) wins over it until cleared.
+    pub global_concurrency: Option<u32>,
     /// Keep done rows this long instead of deleting them on success (`retain = "7d"`).
     pub retain: Option<Duration>,
     /// Period of a periodic kind (`every = "10m"`): one live job across all replicas,
@@ -322,6 +326,7 @@ impl JobConfig {
         cancel_on_lease_loss: true,
         timeout: None,
         concurrency: None,
+        global_concurrency: None,
         retain: None,
         every: None,
         cron: None,
@@ -361,6 +366,11 @@ impl JobConfig {
     /// Sets the per-runtime concurrency of the kind (at least 1).
     pub const fn with_concurrency(mut self, n: u32) -> Self {
         self.concurrency = Some(if n == 0 { 1 } else { n });
+        self
+    }
+    /// Sets the concurrency of the kind across every runtime on the database (at least 1).
+    pub const fn with_global_concurrency(mut self, n: u32) -> Self {
+        self.global_concurrency = Some(if n == 0 { 1 } else { n });
         self
     }
     /// Keeps done rows for this long.

@@ -481,6 +481,96 @@ picked AS MATERIALIZED (
     claim_tail!()
 );
 
+/// The first int of the advisory lock [`LIMIT_LOCK`] takes per kind (`'jobs'` in
+/// ASCII); the second is `hashtext(kind)`.
+pub(crate) const LIMIT_LOCK_CLASS: i32 = 0x6a6f_6273;
+
+/// Takes, for the kinds `$1` that have a global concurrency limit, the advisory lock
+/// of each (`LIMIT_LOCK_CLASS`, `hashtext(kind)`), in the order of that key, in the
+/// transaction of a claim of those kinds; [`CLAIM_LIMITED`] follows in the same
+/// transaction, and the commit releases the locks. It waits while another runtime's
+/// claim of the kind holds its lock (one short transaction). Every claimer takes the
+/// locks in one order, so two claims of overlapping kinds never deadlock; two kinds
+/// whose names hash alike share a lock, which only serializes their claims.
+pub(crate) const LIMIT_LOCK: &str = r#"
+SELECT count(pg_advisory_xact_lock($2, k.h))::int
+FROM (SELECT DISTINCT hashtext(kind) AS h FROM unnest($1::text[]) AS kind ORDER BY 1) k
+"#;
+
+/// Claims jobs of the kinds `$1` that have a global concurrency limit `$4[i]` (at most
+/// that many of the kind running at once across every runtime on the database): up to
+/// `$2[i]` (the runtime's free slots for the kind), and no more than the limit less
+/// the jobs of the kind running now, with a lease of `$3[i]` ms; `$5` is the claiming
+/// runtime's id. Runs after [`LIMIT_LOCK`], in its transaction.
+///
+/// Why that holds: the running jobs are counted, not kept in a counter that every
+/// statement that ends a run would have to keep right (a completion, a failure, a
+/// snooze, a rescue, a cancel, a crash). Under READ COMMITTED this statement's snapshot
+/// is taken when it starts, after the lock was granted, so it sees every claim of the
+/// kind that an earlier holder of the lock committed; a claim still in progress holds
+/// the lock, so there is none. A job that stops running after this snapshot is still
+/// counted: the claim takes less, never more. Claims of a kind with a limit come only
+/// through here (the producer leaves such kinds out of [`CLAIM`]). A job whose runtime
+/// died stays `running`, and counted, until [`RESCUE`] takes it back after its lease.
+///
+/// Each kind's jobs are taken as [`CLAIM`] takes them (by priority, then `run_after,
+/// id`), from the start of each range: these claims are few (the limit bounds them),
+/// so they keep no floors. Returns the claimed rows, with the columns of [`CLAIM`]
+/// (the floors' columns NULL), and one row without an id (`cut`) for each kind that
+/// the limit held to less than it asked for: it runs at its limit, and its next claim
+/// waits for one of its jobs to end.
+///
+/// Index: `jobs_running (kind, id) WHERE state = 'running'` for the count (at most the
+/// limit's rows); `jobs_claim` for the scans, one range per (kind, priority); the
+/// primary key for the update.
+pub(crate) const CLAIM_LIMITED: &str = concat!(
+    r#"
+WITH wanted AS MATERIALIZED (
+    SELECT w.kind, w.lease_ms, w.ord, w.n AS asked, '{}'::float8[] AS floors,
+           NULL::float8 AS since,
+           greatest(least(w.n, w.lim - (SELECT count(*) FROM jobs r
+                                        WHERE r.state = 'running' AND r.kind = w.kind)),
+                    0)::int AS n
+    FROM unnest($1::text[], $2::int[], $3::bigint[], $4::int[])
+        WITH ORDINALITY AS w(kind, n, lease_ms, lim, ord)
+),
+picked AS MATERIALIZED (
+    SELECT c.id
+    FROM wanted w
+    "#,
+    locking_scan!("w.n"),
+    r#"
+),
+claimed AS (
+    UPDATE jobs j SET
+        state = 'running',
+        attempts = j.attempts + 1,
+        claimed_by = gen_random_uuid(),
+        runtime_id = $5,
+        claimed_until = now()
+            + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
+    WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text AS payload,
+              extract(epoch FROM now() - j.run_after)::float8 AS waited,
+              extract(epoch FROM j.run_after)::float8 AS run_after,
+              j.priority
+)
+SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
+       c.run_after, c.priority, false AS cut
+FROM claimed c
+UNION ALL
+SELECT NULL, w.kind, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true
+FROM wanted w
+WHERE w.n < w.asked
+"#
+);
+
+/// Tells every listening runtime that a job of each kind in `$1` (kinds with a global
+/// limit) has stopped running: a claim of the kind that found no free share waits for
+/// this, not for the poll interval.
+pub(crate) const NOTIFY_FREED: &str =
+    "SELECT count(pg_notify('jobs', k))::int FROM unnest($1::text[]) AS k";
+
 /// How far behind the latest run-after a runtime has claimed of a kind its next claim
 /// of that kind starts ([`CLAIM`]).
 ///
@@ -1094,10 +1184,16 @@ pub(crate) const THROUGHPUT_PRUNE: &str =
 /// fire time is computed from when it is armed.
 pub(crate) const DB_NOW: &str = "SELECT (extract(epoch FROM now()) * 1000000)::bigint";
 
-/// The paused kinds (`jobs::admin::pause`), which the producer leaves out of its
-/// claims; read once per poll interval. Index: none needed, the table holds a row per
-/// paused kind.
-pub(crate) const PAUSED_KINDS: &str = "SELECT kind FROM jobs_paused";
+/// What operators set per kind: the paused kinds (`jobs::admin::pause`), which the
+/// producer leaves out of its claims, and the limits (`jobs::admin::set_limits`), which
+/// win over the kinds' attributes: `(kind, paused, concurrency)`. Read once per poll
+/// interval. Index: none needed, the tables hold a row per kind an operator paused or
+/// limited.
+pub(crate) const KIND_SETTINGS: &str = r#"
+SELECT kind, true AS paused, NULL::int AS concurrency FROM jobs_paused
+UNION ALL
+SELECT kind, false, concurrency FROM jobs_limits
+"#;
 
 /// Registers runtime `$1` (name `$2`, host `$3`, process `$4`, version `$5`, kinds `$6`,
 /// concurrency `$7`), or marks it seen now: the runtime runs it at start and every few
@@ -1148,7 +1244,10 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("MAKE_DUE", MAKE_DUE),
         ("FAILED_SINCE", FAILED_SINCE),
         ("LAST_CHECKPOINT", LAST_CHECKPOINT),
-        ("PAUSED_KINDS", PAUSED_KINDS),
+        ("KIND_SETTINGS", KIND_SETTINGS),
+        ("LIMIT_LOCK", LIMIT_LOCK),
+        ("CLAIM_LIMITED", CLAIM_LIMITED),
+        ("NOTIFY_FREED", NOTIFY_FREED),
         ("RUNTIME_SEEN", RUNTIME_SEEN),
         ("RUNTIME_GONE", RUNTIME_GONE),
         ("RUNTIMES_STALE", RUNTIMES_STALE),

@@ -29,6 +29,9 @@ pub(crate) struct Completion {
     pub keep: bool,
     /// The kind's period, for periodic kinds.
     pub every_ms: Option<i64>,
+    /// The kind, if it has a global concurrency limit: once the completion is written,
+    /// its share is free ([`super::global::Freed`]).
+    pub limited: Option<&'static str>,
 }
 
 impl Completion {
@@ -38,6 +41,7 @@ impl Completion {
             token: job.token,
             keep: job.config.retain.is_some(),
             every_ms: job.next_run_ms(),
+            limited: None,
         }
     }
 }
@@ -160,6 +164,7 @@ struct Completer {
     wake: Arc<Notify>,
     answer_within: Duration,
     throughput: Arc<super::throughput::Throughput>,
+    freed: Arc<super::global::Freed>,
     /// The round being written.
     batch: Vec<Completion>,
     /// Completions whose row was locked, tried again with the next round.
@@ -190,6 +195,7 @@ pub(crate) async fn run(
     wake: Arc<Notify>,
     answer_within: Duration,
     throughput: Arc<super::throughput::Throughput>,
+    freed: Arc<super::global::Freed>,
 ) {
     let mut completer = Completer {
         db,
@@ -198,6 +204,7 @@ pub(crate) async fn run(
         wake,
         answer_within,
         throughput,
+        freed,
         batch: Vec::with_capacity(256),
         waiting: Vec::new(),
         conn: None,
@@ -334,6 +341,9 @@ impl Completer {
                 continue;
             }
             flights.remove(&c.token);
+            if let Some(kind) = c.limited {
+                self.freed.mark(kind);
+            }
             if !written.done.contains(&c.id) {
                 tracing::warn!(
                     job.id = c.id,

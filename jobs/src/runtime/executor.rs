@@ -116,11 +116,16 @@ pub(crate) async fn execute(shared: Arc<Shared>, handler: &'static HandlerInfo, 
         job.outcome = tracing::field::Empty,
     );
     let kind = handler.kind;
-    run(shared.clone(), handler, job).instrument(span).await;
+    let completer_writes = run(shared.clone(), handler, job).instrument(span).await;
+    if !completer_writes {
+        shared.ended_run(kind);
+    }
     shared.give_slot(kind);
 }
 
-async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claimed) {
+/// Runs a claim to its end; returns whether its outcome went to the completer (which
+/// writes it later), rather than written here.
+async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claimed) -> bool {
     let (lost_tx, lost_rx) = watch::channel(false);
     let inner = job.context(handler, &shared.pool, lost_rx);
     // The claim is renewed from here until its outcome is written (by this executor,
@@ -153,8 +158,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
                 shared.throughput.record(handler.kind, now, label, None);
             }
             tracing::debug!(outcome = label, "claim ended before its handler started");
-            finish(&shared, &inner, job.claimed_at, outcome).await;
-            return;
+            return finish(&shared, &inner, job.claimed_at, outcome).await;
         }
     };
 
@@ -195,10 +199,11 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
         outcome,
         Outcome::Retry(..) | Outcome::Permanent(..) | Outcome::Snooze(_)
     );
-    finish(&shared, &inner, job.claimed_at, outcome).await;
+    let completer_writes = finish(&shared, &inner, job.claimed_at, outcome).await;
     if may_be_due {
         shared.wake.notify_one();
     }
+    completer_writes
 }
 
 /// How long a claim waits for a slot before it goes back unstarted. A claim taken
@@ -396,8 +401,9 @@ pub(super) fn panic_message(panic: &(dyn Any + Send)) -> String {
 /// flight once it is written. A success goes to the completer, which lets go of the
 /// flight itself once the completion is written, so the lease is renewed until then. A
 /// database error is retried until the lease has surely run out (after that the write
-/// would be refused anyway, and the rescuer returns the job).
-async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outcome) {
+/// would be refused anyway, and the rescuer returns the job). Returns whether the
+/// outcome went to the completer.
+async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outcome) -> bool {
     let forget = || {
         shared
             .flights
@@ -407,18 +413,23 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
     };
     if job.completed.load(Ordering::Acquire) {
         forget(); // completed together with the handler's writes
-        return;
+        return false;
     }
     if let Outcome::Succeeded = outcome {
-        if shared.completions.send(Completion::of(job)).await.is_err() {
+        let completion = Completion {
+            limited: shared.limit_of(job.kind).map(|_| job.kind),
+            ..Completion::of(job)
+        };
+        if shared.completions.send(completion).await.is_err() {
             tracing::error!("completer stopped; the job will run again after its lease");
             forget();
+            return false;
         }
-        return;
+        return true;
     }
     if let Outcome::LeaseLost | Outcome::Cancelled = outcome {
         forget();
-        return;
+        return false;
     }
     let lease = job.config.lease_length();
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
@@ -455,6 +466,7 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
         }
     }
     forget();
+    false
 }
 
 /// Writes a failure, snooze or hand-back. Returns whether the claim was still current.

@@ -12,6 +12,7 @@ pub(crate) mod completer;
 mod connections;
 pub(crate) mod executor;
 mod floors;
+mod global;
 mod heartbeat;
 mod listener;
 mod observe;
@@ -226,6 +227,7 @@ impl Runtime {
             shared.wake.clone(),
             self.statement_timeout,
             shared.throughput.clone(),
+            shared.freed.clone(),
         ));
         let background = self.background(&shared);
         // Turns true (or its sender is dropped) when the claim loop has ended: after that
@@ -351,6 +353,7 @@ impl Runtime {
                 (cap < self.concurrency).then(|| (h.kind, Arc::new(Semaphore::new(cap))))
             })
             .collect();
+        let limits = global::effective(&handlers, &[]);
         let shared = Arc::new(Shared {
             notified: Mutex::new(std::collections::HashSet::new()),
             renewing,
@@ -375,6 +378,8 @@ impl Runtime {
             hard_stop: hard_rx,
             counts: observe::Counts::default(),
             throughput: Arc::new(throughput::Throughput::default()),
+            limits: std::sync::RwLock::new(limits),
+            freed: Arc::default(),
         });
         let ends = Ends {
             completions: completions_rx,
@@ -434,6 +439,7 @@ impl Runtime {
         let mut background = vec![
             tokio::spawn(rescuer::run(shared.clone(), self.rescue_interval)),
             tokio::spawn(rescuer::prune(shared.clone(), self.retain_failed)),
+            tokio::spawn(global::announce(shared.clone())),
         ];
         // Behind a transaction pooler a `LISTEN` hears nothing for long (its server
         // connection is lent to others): poll only. A cancelled running job is then
@@ -805,6 +811,11 @@ pub(crate) struct Shared {
     completions: mpsc::Sender<completer::Completion>,
     /// Set when the shutdown grace has elapsed: handlers are cancelled.
     hard_stop: watch::Receiver<bool>,
+    /// The kinds with a global concurrency limit, and their limits (`global`): the
+    /// attributes', then the operator's as the producer last read them.
+    limits: std::sync::RwLock<global::Limits>,
+    /// The kinds with a limit of which a job has stopped running, to announce.
+    freed: Arc<global::Freed>,
     /// How the runs ended.
     counts: observe::Counts,
     /// The same, per kind and minute, until the completer writes them.
@@ -878,6 +889,40 @@ impl Shared {
     /// How many claims have ended so far, per kind.
     fn ended(&self) -> HashMap<&'static str, u64> {
         self.held.lock().expect("lock poisoned").ended.clone()
+    }
+
+    /// The global concurrency limit of `kind`, if it has one.
+    fn limit_of(&self, kind: &str) -> Option<u32> {
+        self.limits
+            .read()
+            .expect("lock poisoned")
+            .get(kind)
+            .copied()
+    }
+
+    /// Replaces the limits with a new reading, saying what changed.
+    fn set_limits(&self, limits: global::Limits) {
+        let mut current = self.limits.write().expect("lock poisoned");
+        if *current == limits {
+            return;
+        }
+        for (kind, n) in &limits {
+            if current.get(kind) != Some(n) {
+                tracing::info!(job.kind = %kind, global_concurrency = n, "kind limited across runtimes");
+            }
+        }
+        for kind in current.keys().filter(|k| !limits.contains_key(*k)) {
+            tracing::info!(job.kind = %kind, "kind no longer limited across runtimes");
+        }
+        *current = limits;
+    }
+
+    /// A job of `kind` has stopped running (its outcome is written): if the kind has a
+    /// limit, its claims elsewhere may take the share.
+    fn ended_run(&self, kind: &'static str) {
+        if self.limit_of(kind).is_some() {
+            self.freed.mark(kind);
+        }
     }
 
     fn take_slot(&self, kind: &'static str) {

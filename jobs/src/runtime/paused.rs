@@ -1,4 +1,5 @@
-//! The kinds an operator has paused, as the producer last read them.
+//! What operators set per kind, as the producer last read it: the paused kinds, and the
+//! kinds' global limits.
 
 use std::time::Instant;
 
@@ -8,7 +9,8 @@ use sqlx::pool::PoolConnection;
 use super::Shared;
 use crate::sql;
 
-/// The kinds an operator has paused (`jobs::admin::pause`), as last read.
+/// The kinds an operator has paused (`jobs::admin::pause`), as last read. The limits
+/// read with them go to [`Shared`]'s `limits`, where the executors read them too.
 #[derive(Default)]
 pub(super) struct Paused {
     pub(super) kinds: std::collections::HashSet<String>,
@@ -16,8 +18,8 @@ pub(super) struct Paused {
 }
 
 impl Paused {
-    /// Reads the paused kinds again; keeps the last reading if the database does not
-    /// answer (the claim that follows reports the outage).
+    /// Reads the paused kinds and the limits again; keeps the last reading if the
+    /// database does not answer (the claim that follows reports the outage).
     pub(super) async fn read(
         &mut self,
         shared: &Shared,
@@ -27,15 +29,19 @@ impl Paused {
             let c = super::held(conn, &shared.db).await?;
             crate::pooler::alone!(
                 &mut **c,
-                crate::pooler::query_scalar::<_, String>(sql::PAUSED_KINDS),
+                crate::pooler::query_as::<_, (String, bool, Option<i32>)>(sql::KIND_SETTINGS),
                 fetch_all
             )
             .await
         };
         self.read_at = Some(Instant::now());
         match super::answer_within(shared.answer_within, "the paused kinds", query).await {
-            Ok(kinds) => {
-                let kinds: std::collections::HashSet<String> = kinds.into_iter().collect();
+            Ok(rows) => {
+                let kinds: std::collections::HashSet<String> = rows
+                    .iter()
+                    .filter(|(_, paused, _)| *paused)
+                    .map(|(kind, _, _)| kind.clone())
+                    .collect();
                 for kind in kinds.difference(&self.kinds) {
                     tracing::info!(job.kind = %kind, "kind paused: not claiming it");
                 }
@@ -43,6 +49,12 @@ impl Paused {
                     tracing::info!(job.kind = %kind, "kind resumed");
                 }
                 self.kinds = kinds;
+                let set: Vec<(String, Option<i32>)> = rows
+                    .into_iter()
+                    .filter(|(_, paused, _)| !*paused)
+                    .map(|(kind, _, n)| (kind, n))
+                    .collect();
+                shared.set_limits(super::global::effective(&shared.handlers, &set));
             }
             Err(e) => {
                 *conn = None;

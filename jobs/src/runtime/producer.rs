@@ -46,6 +46,7 @@
 //! floor to it), and, every `QUIET_EVERY` while the claims are busy, whether a quiet
 //! kind has a job due (the next claim asks for that kind).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -158,6 +159,10 @@ struct Producer {
     seen: Seen,
     /// When the probe last asked whether a quiet kind has a job due.
     quiet_asked: Instant,
+    /// The kinds with a global limit that their last claim found at it, and since when:
+    /// not claimed again until one of their jobs ends somewhere (a notification names
+    /// the kind) or a poll interval has passed.
+    at_limit: HashMap<&'static str, Instant>,
 }
 
 impl Producer {
@@ -184,6 +189,7 @@ impl Producer {
             first_kind: 0,
             seen: Seen::default(),
             quiet_asked: Instant::now(),
+            at_limit: HashMap::new(),
         }
     }
 
@@ -205,6 +211,7 @@ impl Producer {
             self.paused.read(&self.shared, &mut self.conn).await;
         }
         self.rates.measure(&self.shared);
+        self.tend_limits();
         if self.probe.as_ref().is_some_and(JoinHandle::is_finished) {
             let answer = self.probe.take().expect("checked").await;
             self.more |= self.settle_probe(answer);
@@ -214,12 +221,36 @@ impl Producer {
         }
     }
 
-    /// The free capacity, in all and per kind (none for a paused kind).
+    /// Lets the kinds found at their limit be claimed again once a notification names
+    /// them (one of their jobs ended somewhere, or one was enqueued) or a poll interval
+    /// has passed.
+    fn tend_limits(&mut self) {
+        if self.at_limit.is_empty() {
+            return;
+        }
+        let mut notified = self.shared.notified.lock().expect("lock poisoned");
+        let poll = self.shared.poll_interval;
+        self.at_limit.retain(|kind, since| {
+            if since.elapsed() >= poll {
+                notified.insert(kind);
+                return false;
+            }
+            !notified.contains(kind)
+        });
+    }
+
+    /// The free capacity, in all and per kind: none for a paused kind or one at its
+    /// global limit; a kind with a limit claims nothing ahead of its free slots (a job
+    /// held ahead counts against the limit without running).
     fn capacity(&self) -> Capacity {
         let (total, mut per_kind) = self.shared.free(&self.rates.ahead, self.rates.total);
+        let limits = self.shared.limits.read().expect("lock poisoned");
         for (info, free) in &mut per_kind {
-            if self.paused.kinds.contains(info.kind) {
+            if self.paused.kinds.contains(info.kind) || self.at_limit.contains_key(info.kind) {
                 *free = 0;
+            } else if limits.contains_key(info.kind) {
+                let ahead = self.rates.ahead.get(info.kind).copied().unwrap_or(0);
+                *free = free.saturating_sub(ahead);
             }
         }
         (total, per_kind)
@@ -282,7 +313,7 @@ impl Producer {
     /// No room: waits for a claim to end (and, while a kind is paused, at most a poll
     /// interval, so that a resume is seen even if no slot frees).
     async fn wait_for_room(&mut self) {
-        let paused = !self.paused.kinds.is_empty();
+        let paused = !self.paused.kinds.is_empty() || !self.at_limit.is_empty();
         tokio::select! {
             _ = self.shared.slot_freed.notified() => {}
             () = sleep_if(paused, self.shared.poll_interval) => {}
@@ -343,19 +374,40 @@ impl Producer {
         .await;
     }
 
-    /// One claim of every kind with room, and the start of what it took.
+    /// One claim of every kind with room, and the start of what it took: first the
+    /// kinds with a global limit, in a claim of their own (`super::global`), then the
+    /// others.
     async fn claim(&mut self, (total_free, per_kind): &Capacity) {
         self.gathered = false;
         self.first_kind = self.first_kind.wrapping_add(1);
-        let asked = self.asked(per_kind);
+        let (limited, asked): (Vec<_>, Vec<_>) = {
+            let limits = self.shared.limits.read().expect("lock poisoned");
+            self.asked(per_kind)
+                .into_iter()
+                .map(|(info, free)| (info, free, limits.get(info.kind).copied()))
+                .partition(|(_, _, limit)| limit.is_some())
+        };
+        let mut total_free = *total_free;
+        let mut more = false;
+        if !limited.is_empty() {
+            let Some((taken, filled)) = self.claim_limited(&limited, total_free).await else {
+                return;
+            };
+            total_free -= taken.min(total_free);
+            more = filled;
+        }
+        let asked: Vec<_> = asked
+            .into_iter()
+            .map(|(info, free, _)| (info, free.min(total_free)))
+            .collect();
         let Some(ask) = Ask::new(
-            *total_free,
+            total_free,
             &asked,
             &self.floors,
             self.first_kind,
             &self.seen,
         ) else {
-            self.more = false;
+            self.more = more;
             return;
         };
         self.claim_sent = Instant::now();
@@ -371,8 +423,9 @@ impl Producer {
                 if !rows.is_empty() {
                     self.rates.claimed(self.claim_sent.elapsed());
                 }
-                self.more = ask.filled(&rows);
-                self.seen.note(&ask, &rows, self.more);
+                let filled = ask.filled(&rows);
+                self.seen.note(&ask, &rows, filled);
+                self.more = filled || more;
                 self.start_all(rows, &ask.kinds).await;
                 if !self.more {
                     // Idle next: let the executors just started (each waiting in this
@@ -385,17 +438,77 @@ impl Producer {
         }
     }
 
+    /// The claim of the kinds with a global limit (`kinds`: each with its free slots and
+    /// its limit), at most `total_free` in all, and the start of what it took. Notes
+    /// each kind: at its limit (the limit held it to less than it asked for), quiet (it
+    /// had fewer jobs due), or busy. Returns how many it took and whether some kind
+    /// took all it asked for (more may be waiting); None if the claim failed.
+    async fn claim_limited(
+        &mut self,
+        kinds: &[(&'static HandlerInfo, usize, Option<u32>)],
+        total_free: usize,
+    ) -> Option<(usize, bool)> {
+        let mut left = total_free;
+        let mut asks = Vec::new();
+        for (info, free, limit) in kinds {
+            let n = (*free).min(left);
+            if let (true, Some(limit)) = (n > 0, limit) {
+                asks.push((*info, n, *limit));
+                left -= n;
+            }
+        }
+        if asks.is_empty() {
+            return Some((0, false));
+        }
+        self.claim_sent = Instant::now();
+        let shared = self.shared.clone();
+        let conn = &mut self.conn;
+        let fetch = async {
+            let c = super::held(conn, &shared.db).await?;
+            super::global::claim(&shared, c, &asks).await
+        };
+        match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
+            Ok(taken) => {
+                self.backoff = claim_backoff();
+                let mut more = false;
+                for (info, n, _) in &asks {
+                    let took = taken.rows.iter().filter(|r| r.kind == info.kind).count();
+                    if taken.cut.iter().any(|k| k == info.kind) {
+                        self.at_limit.insert(info.kind, Instant::now());
+                        self.seen.quiet.remove(info.kind);
+                    } else if took < *n {
+                        self.seen.quiet.insert(info.kind);
+                    } else {
+                        self.seen.quiet.remove(info.kind);
+                        more = true;
+                    }
+                }
+                let order: Vec<&'static str> = asks.iter().map(|(info, _, _)| info.kind).collect();
+                let took = taken.rows.len();
+                self.start_all(taken.rows, &order).await;
+                Some((took, more))
+            }
+            Err(e) => {
+                self.claim_failed(&e).await;
+                None
+            }
+        }
+    }
+
     /// The kinds this claim asks for: every kind with room but the quiet ones, unless a
     /// notification or the probe named one since. An idle runtime asks for every kind:
-    /// its claims are few.
+    /// its claims are few. A notification naming a kind without room now (paused, at
+    /// its limit, or its slots taken) is kept for a claim that has room for it.
     fn asked(
         &self,
         per_kind: &[(&'static HandlerInfo, usize)],
     ) -> Vec<(&'static HandlerInfo, usize)> {
-        let notified = std::mem::take(&mut *self.shared.notified.lock().expect("lock poisoned"));
+        let mut notified = self.shared.notified.lock().expect("lock poisoned");
         per_kind
             .iter()
-            .filter(|(info, _)| !self.seen.is_quiet(info.kind) || notified.contains(info.kind))
+            .filter(|(info, free)| {
+                *free > 0 && (notified.remove(info.kind) || !self.seen.is_quiet(info.kind))
+            })
             .copied()
             .collect()
     }

@@ -1,0 +1,191 @@
+//! Limits across every runtime: a kind's global concurrency.
+//!
+//! A kind with a limit (`#[job(global_concurrency = N)]`, or an operator's value in
+//! `jobs_limits`, which wins) runs at most N jobs at once across every runtime on the
+//! database. The producer leaves such kinds out of its ordinary claims and claims them
+//! here, in a transaction of their own: the kind's advisory lock ([`sql::LIMIT_LOCK`]),
+//! then a claim that counts the kind's running jobs in a snapshot taken after the lock
+//! and takes no more than the rest of the limit ([`sql::CLAIM_LIMITED`]). A kind the
+//! limit held to less than it asked for waits for one of its jobs to end: every
+//! runtime that ends one tells the others ([`Freed`], a `NOTIFY` on the kind), and the
+//! poll interval is the backstop.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use sqlx::Postgres;
+use sqlx::pool::PoolConnection;
+use tokio::sync::Notify;
+
+use super::Shared;
+use super::claim::ClaimRow;
+use crate::enqueue::millis;
+use crate::registry::HandlerInfo;
+use crate::sql;
+
+/// The kinds with a global concurrency limit, and each one's limit: the operator's
+/// value where set, else the kind's attribute.
+pub(super) type Limits = HashMap<&'static str, u32>;
+
+/// The limits of `handlers`' kinds, given the operator's values (`jobs_limits`).
+pub(super) fn effective(
+    handlers: &std::collections::BTreeMap<&'static str, &'static HandlerInfo>,
+    set: &[(String, Option<i32>)],
+) -> Limits {
+    handlers
+        .values()
+        .filter_map(|h| {
+            let operator = set
+                .iter()
+                .find(|(kind, _)| kind == h.kind)
+                .and_then(|(_, n)| *n)
+                .and_then(|n| u32::try_from(n).ok());
+            operator
+                .or(h.config.global_concurrency)
+                .map(|n| (h.kind, n.max(1)))
+        })
+        .collect()
+}
+
+/// What a claim of kinds with a limit came to: the rows it took, and the kinds the
+/// limit held to less than they asked for.
+pub(super) struct Taken {
+    pub(super) rows: Vec<ClaimRow>,
+    pub(super) cut: Vec<String>,
+}
+
+/// One row of [`sql::CLAIM_LIMITED`]: a claimed job, or a kind the limit cut.
+enum LimitedRow {
+    Job(ClaimRow),
+    Cut(String),
+}
+
+impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
+    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        if row.try_get::<bool, _>("cut")? {
+            return Ok(LimitedRow::Cut(row.try_get("kind")?));
+        }
+        Ok(LimitedRow::Job(ClaimRow {
+            id: row.try_get("id")?,
+            kind: row.try_get("kind")?,
+            attempts: row.try_get("attempts")?,
+            max_attempts: row.try_get("max_attempts")?,
+            claimed_by: row.try_get("claimed_by")?,
+            payload: row.try_get("payload")?,
+            waited: row.try_get("waited")?,
+            run_after: row.try_get("run_after")?,
+            priority: row.try_get("priority")?,
+            held_back: None,
+            at: None,
+            xmax: None,
+            writers: None,
+            waiting: None,
+            since: None,
+        }))
+    }
+}
+
+/// Claims up to `free` jobs of each kind of `asks` (with its limit), in one transaction
+/// on `conn`: the kinds' locks, then the claim.
+pub(super) async fn claim(
+    shared: &Shared,
+    conn: &mut PoolConnection<Postgres>,
+    asks: &[(&'static HandlerInfo, usize, u32)],
+) -> Result<Taken, sqlx::Error> {
+    let kinds: Vec<&str> = asks.iter().map(|(h, _, _)| h.kind).collect();
+    let frees: Vec<i32> = asks
+        .iter()
+        .map(|(_, free, _)| i32::try_from(*free).unwrap_or(i32::MAX))
+        .collect();
+    let leases: Vec<i64> = asks
+        .iter()
+        .map(|(h, _, _)| millis(h.config.lease_length()))
+        .collect();
+    let limits: Vec<i32> = asks
+        .iter()
+        .map(|(_, _, limit)| i32::try_from(*limit).unwrap_or(i32::MAX))
+        .collect();
+    let mut tx = sqlx::Acquire::begin(&mut **conn).await?;
+    crate::pooler::query(sql::LIMIT_LOCK)
+        .bind(&kinds)
+        .bind(sql::LIMIT_LOCK_CLASS)
+        .execute(&mut *tx)
+        .await?;
+    let rows: Vec<LimitedRow> = crate::pooler::query_as(sql::CLAIM_LIMITED)
+        .bind(&kinds)
+        .bind(&frees)
+        .bind(&leases)
+        .bind(&limits)
+        .bind(shared.runtime_id)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    let mut taken = Taken {
+        rows: Vec::with_capacity(rows.len()),
+        cut: Vec::new(),
+    };
+    for row in rows {
+        match row {
+            LimitedRow::Job(row) => taken.rows.push(row),
+            LimitedRow::Cut(kind) => taken.cut.push(kind),
+        }
+    }
+    Ok(taken)
+}
+
+/// The kinds with a limit of which this runtime has ended a job (its row no longer
+/// `running`) since they were last announced.
+#[derive(Default)]
+pub(crate) struct Freed {
+    kinds: Mutex<HashSet<&'static str>>,
+    signal: Notify,
+}
+
+impl Freed {
+    /// A job of `kind`, a kind with a limit, has stopped running.
+    pub(crate) fn mark(&self, kind: &'static str) {
+        self.kinds.lock().expect("lock poisoned").insert(kind);
+        self.signal.notify_one();
+    }
+}
+
+/// Announces the kinds [`Freed`] collects: to this runtime's producer at once (as a
+/// notification naming the kind), and to every other runtime by a `NOTIFY` on the
+/// kind ([`sql::NOTIFY_FREED`]; behind a transaction pooler no runtime listens, and
+/// the others see the share free at their next poll).
+pub(super) async fn announce(shared: Arc<Shared>) {
+    loop {
+        shared.freed.signal.notified().await;
+        let kinds: Vec<&'static str> = shared
+            .freed
+            .kinds
+            .lock()
+            .expect("lock poisoned")
+            .drain()
+            .collect();
+        if kinds.is_empty() {
+            continue;
+        }
+        shared
+            .notified
+            .lock()
+            .expect("lock poisoned")
+            .extend(kinds.iter().copied());
+        shared.wake.notify_one();
+        if crate::pooler::behind() {
+            continue;
+        }
+        let sent = super::answer_within(
+            shared.answer_within,
+            "the notification of a free share",
+            crate::pooler::query(sql::NOTIFY_FREED)
+                .bind(&kinds)
+                .execute(&shared.db),
+        )
+        .await;
+        if let Err(e) = sent {
+            tracing::debug!(error = %crate::error::server_message(&e), "cannot notify the other runtimes of a free share; they poll");
+        }
+    }
+}

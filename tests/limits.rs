@@ -1,0 +1,299 @@
+//! Limits across every runtime on a database: a kind's global concurrency.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{Running, runtime, wait_until};
+use jobs::admin::KindLimits;
+use jobs::{EnqueueBatch, Job, JobContext, JobError};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+/// How many handlers of a kind run at this instant in this process, and the most seen.
+struct Gauge {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Gauge {
+    const fn new() -> Self {
+        Gauge {
+            now: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+        }
+    }
+
+    /// Counts a handler in for `ms` milliseconds.
+    async fn run_for(&self, ms: u64) {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.three", global_concurrency = 3)]
+struct Three {
+    ms: u64,
+}
+
+static THREE: Gauge = Gauge::new();
+
+#[jobs::handler]
+async fn three(job: Three, _ctx: JobContext) -> Result<(), JobError> {
+    THREE.run_for(job.ms).await;
+    Ok(())
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.set", global_concurrency = 3)]
+struct Set {
+    ms: u64,
+}
+
+static SET: Gauge = Gauge::new();
+
+#[jobs::handler]
+async fn set(job: Set, _ctx: JobContext) -> Result<(), JobError> {
+    SET.run_for(job.ms).await;
+    Ok(())
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.dead", global_concurrency = 2, lease = "1s")]
+struct Dead {}
+
+static DEAD: Gauge = Gauge::new();
+
+#[jobs::handler]
+async fn dead(_job: Dead, _ctx: JobContext) -> Result<(), JobError> {
+    DEAD.run_for(5).await;
+    Ok(())
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.woken", global_concurrency = 1)]
+struct Woken {
+    ms: u64,
+}
+
+#[jobs::handler]
+async fn woken(job: Woken, _ctx: JobContext) -> Result<(), JobError> {
+    tokio::time::sleep(Duration::from_millis(job.ms)).await;
+    Ok(())
+}
+
+/// A pool of its own for each runtime, as separate processes would have.
+async fn own_pool(pool: &PgPool) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap()
+}
+
+/// The most jobs of `kind` the database held running at once while `until` was false,
+/// sampled as fast as it answers: the count the limit is about, read independently of
+/// the runtimes.
+fn watch_running(
+    pool: &PgPool,
+    kind: &'static str,
+) -> (
+    tokio::task::JoinHandle<i64>,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (pool, until) = (pool.clone(), stop.clone());
+    let task = tokio::spawn(async move {
+        let mut most = 0;
+        while !until.load(Ordering::SeqCst) {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM jobs WHERE kind = $1 AND state = 'running'",
+            )
+            .bind(kind)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            most = most.max(n);
+        }
+        most
+    });
+    (task, stop)
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn no_more_than_the_global_concurrency_run_at_once_across_four_runtimes(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for i in 0..300u64 {
+        batch
+            .push(&Three {
+                ms: 1 + (i * 7) % 20,
+            })
+            .unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let (watch, stop) = watch_running(&pool, "limits.three");
+    let mut runtimes = Vec::new();
+    for _ in 0..4 {
+        let own = own_pool(&pool).await;
+        runtimes.push(Running::start(runtime(&own, &["limits.three"])));
+    }
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.three").await == 0
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let most_in_db = watch.await.unwrap();
+    for rt in runtimes {
+        rt.stop().await;
+    }
+    assert!(most_in_db <= 3, "{most_in_db} running at once in the table");
+    assert_eq!(
+        THREE.most(),
+        3,
+        "handlers at once (each runtime could run 10)"
+    );
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn an_operators_limit_wins_over_the_attribute(pool: PgPool) {
+    let err = jobs::admin::set_limits(&pool, "limits.set", KindLimits::default().concurrency(0))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("pause the kind instead"), "{err}");
+    jobs::admin::set_limits(&pool, "limits.set", KindLimits::default().concurrency(1))
+        .await
+        .unwrap();
+    let rows = jobs::admin::limits(&pool).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        (rows[0].kind.as_str(), rows[0].limits.concurrency),
+        ("limits.set", Some(1))
+    );
+
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..40 {
+        batch.push(&Set { ms: 10 }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let mut runtimes = Vec::new();
+    for _ in 0..2 {
+        let own = own_pool(&pool).await;
+        runtimes.push(Running::start(runtime(&own, &["limits.set"])));
+    }
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.set").await == 0
+    })
+    .await;
+    assert_eq!(
+        SET.most(),
+        1,
+        "the operator's limit of 1, not the attribute's 3"
+    );
+
+    // Cleared, the attribute's limit holds again.
+    assert!(
+        jobs::admin::clear_limits(&pool, "limits.set")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !jobs::admin::clear_limits(&pool, "limits.set")
+            .await
+            .unwrap()
+    );
+    assert!(jobs::admin::limits(&pool).await.unwrap().is_empty());
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..60 {
+        batch.push(&Set { ms: 20 }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.set").await == 0
+    })
+    .await;
+    for rt in runtimes {
+        rt.stop().await;
+    }
+    assert_eq!(SET.most(), 3, "the attribute's limit once cleared");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_dead_runtimes_share_returns_after_its_lease(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..10 {
+        batch.push(&Dead {}).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    // A runtime that died holding two claims: running, leased for a second more,
+    // never renewed.
+    let held: Vec<i64> = sqlx::query_scalar(
+        "UPDATE jobs SET state = 'running', attempts = 1, claimed_by = gen_random_uuid(),
+                claimed_until = now() + interval '1 second'
+         WHERE id IN (SELECT id FROM jobs WHERE kind = 'limits.dead' ORDER BY id LIMIT 2)
+         RETURNING id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(held.len(), 2);
+    let rt = Running::start(runtime(&pool, &["limits.dead"]));
+    // Its share is held: nothing of the kind starts while the dead claims are leased.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobs WHERE kind = 'limits.dead' AND state = 'running'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let still_leased: bool =
+        sqlx::query_scalar("SELECT bool_and(claimed_until > now()) FROM jobs WHERE id = ANY($1)")
+            .bind(&held)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    if still_leased {
+        assert_eq!(started, 2, "only the dead runtime's two claims run");
+        assert_eq!(DEAD.most(), 0);
+    }
+    // After the lease the rescuer takes them back, and every job runs.
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.dead").await == 0
+    })
+    .await;
+    rt.stop().await;
+    assert!(DEAD.most() <= 2, "{} at once", DEAD.most());
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_kind_at_its_limit_claims_when_a_share_frees_not_at_the_poll(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..20 {
+        batch.push(&Woken { ms: 20 }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    // Two runtimes that poll once an hour: each job of the one share starts because the
+    // end of the one before it is announced (the other runtime's, or its own).
+    let mut runtimes = Vec::new();
+    for _ in 0..2 {
+        let own = own_pool(&pool).await;
+        runtimes.push(Running::start(
+            runtime(&own, &["limits.woken"]).poll_interval(Duration::from_secs(3600)),
+        ));
+    }
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.woken").await == 0
+    })
+    .await;
+    for rt in runtimes {
+        rt.stop().await;
+    }
+}
