@@ -91,6 +91,24 @@ async fn woken(job: Woken, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.stalled", global_concurrency = 2)]
+struct Stalled {}
+
+#[jobs::handler]
+async fn stalled(_job: Stalled, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.free")]
+struct Free {}
+
+#[jobs::handler]
+async fn free(_job: Free, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
 /// A pool of its own for each runtime, as separate processes would have.
 async fn own_pool(pool: &PgPool) -> PgPool {
     PgPoolOptions::new()
@@ -296,4 +314,39 @@ async fn a_kind_at_its_limit_claims_when_a_share_frees_not_at_the_poll(pool: PgP
     for rt in runtimes {
         rt.stop().await;
     }
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_claim_stalled_holding_a_kinds_lock_holds_up_no_other_kind(pool: PgPool) {
+    // Another runtime froze in the middle of its claim of the limited kind: its
+    // transaction holds the kind's lock for as long as it is frozen.
+    let mut frozen = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext('limits.stalled'))")
+        .bind(0x6a6f_6273_i32)
+        .execute(&mut *frozen)
+        .await
+        .unwrap();
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..20 {
+        batch.push(&Stalled {}).unwrap();
+        batch.push(&Free {}).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    // Its own statements may wait five minutes: longer than this test waits.
+    let rt = Running::start(
+        runtime(&pool, &["limits.stalled", "limits.free"])
+            .statement_timeout(Duration::from_secs(300)),
+    );
+    wait_until("the other kind's jobs ran", || async {
+        common::count_kind(&pool, "limits.free").await == 0
+    })
+    .await;
+    assert_eq!(common::count_kind(&pool, "limits.stalled").await, 20);
+    // Thawed, the limited kind runs too.
+    frozen.rollback().await.unwrap();
+    wait_until("the limited kind's jobs ran", || async {
+        common::count_kind(&pool, "limits.stalled").await == 0
+    })
+    .await;
+    rt.stop().await;
 }

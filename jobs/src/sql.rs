@@ -489,13 +489,26 @@ pub(crate) const LIMIT_LOCK_CLASS: i32 = 0x6a6f_6273;
 /// of each (`LIMIT_LOCK_CLASS`, `hashtext(kind)`), in the order of that key, in the
 /// transaction of a claim of those kinds; [`CLAIM_LIMITED`] follows in the same
 /// transaction, and the commit releases the locks. It waits while another runtime's
-/// claim of the kind holds its lock (one short transaction). Every claimer takes the
-/// locks in one order, so two claims of overlapping kinds never deadlock; two kinds
-/// whose names hash alike share a lock, which only serializes their claims.
+/// claim of the kind holds its lock (one short transaction), but no longer than
+/// [`LIMIT_LOCK_WAIT`] (`lock_timeout`, for this transaction only, set before any lock
+/// is taken: the subquery's sort needs all its rows first): a holder that stalls with
+/// its transaction open (a frozen process, a paused VM) would otherwise hold up every
+/// other runtime's claims, of every kind, for as long as it stalls. Every claimer takes
+/// the locks in one order, so two claims of overlapping kinds never deadlock; two
+/// kinds whose names hash alike share a lock, which only serializes their claims.
 pub(crate) const LIMIT_LOCK: &str = r#"
 SELECT count(pg_advisory_xact_lock($2, k.h))::int
-FROM (SELECT DISTINCT hashtext(kind) AS h FROM unnest($1::text[]) AS kind ORDER BY 1) k
+FROM (SELECT DISTINCT hashtext(kind) AS h
+      FROM unnest($1::text[]) AS kind
+      WHERE set_config('lock_timeout', $3, true) IS NOT NULL
+      ORDER BY 1) k
 "#;
+
+/// How long [`LIMIT_LOCK`] waits for a kind's lock. Other runtimes' claims hold it a
+/// few milliseconds each (a commit's flush included); a claim that waits longer leaves
+/// the kind for its poll interval or the next notification naming it, and the runtime
+/// claims its other kinds meanwhile.
+pub(crate) const LIMIT_LOCK_WAIT: &str = "250ms";
 
 /// Claims jobs of the kinds `$1` that have a global concurrency limit `$4[i]` (at most
 /// that many of the kind running at once across every runtime on the database): up to
@@ -516,9 +529,10 @@ FROM (SELECT DISTINCT hashtext(kind) AS h FROM unnest($1::text[]) AS kind ORDER 
 /// Each kind's jobs are taken as [`CLAIM`] takes them (by priority, then `run_after,
 /// id`), from the start of each range: these claims are few (the limit bounds them),
 /// so they keep no floors. Returns the claimed rows, with the columns of [`CLAIM`]
-/// (the floors' columns NULL), and one row without an id (`cut`) for each kind that
-/// the limit held to less than it asked for: it runs at its limit, and its next claim
-/// waits for one of its jobs to end.
+/// (the floors' columns NULL), and one row without an id for each kind that the limit
+/// held to less than it asked for (`mark` = `cut`: it runs at its limit, and its next
+/// claim waits for one of its jobs to end), or that took all it asked for while the
+/// limit had room for more (`spare`: another runtime may take the rest).
 ///
 /// Index: `jobs_running (kind, id) WHERE state = 'running'` for the count (at most the
 /// limit's rows); `jobs_claim` for the scans, one range per (kind, priority); the
@@ -527,15 +541,16 @@ pub(crate) const CLAIM_LIMITED: &str = concat!(
     r#"
 WITH wanted AS MATERIALIZED (
     SELECT w.kind, w.lease_ms, w.ord, w.n AS asked, '{}'::float8[] AS floors,
-           NULL::float8 AS since,
-           greatest(least(w.n, w.lim - (SELECT count(*) FROM jobs r
-                                        WHERE r.state = 'running' AND r.kind = w.kind)),
-                    0)::int AS n
+           NULL::float8 AS since, w.lim, r.running,
+           greatest(least(w.n, w.lim - r.running), 0)::int AS n
     FROM unnest($1::text[], $2::int[], $3::bigint[], $4::int[])
         WITH ORDINALITY AS w(kind, n, lease_ms, lim, ord)
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS running FROM jobs r WHERE r.state = 'running' AND r.kind = w.kind
+    ) r
 ),
 picked AS MATERIALIZED (
-    SELECT c.id
+    SELECT c.id, c.ord
     FROM wanted w
     "#,
     locking_scan!("w.n"),
@@ -556,18 +571,21 @@ claimed AS (
               j.priority
 )
 SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
-       c.run_after, c.priority, false AS cut
+       c.run_after, c.priority, NULL AS mark
 FROM claimed c
 UNION ALL
-SELECT NULL, w.kind, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true
+SELECT NULL, w.kind, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       CASE WHEN w.n < w.asked THEN 'cut' ELSE 'spare' END
 FROM wanted w
 WHERE w.n < w.asked
+   OR (w.lim - w.running > w.asked
+       AND (SELECT count(*) FROM picked p WHERE p.ord = w.ord) = w.asked)
 "#
 );
 
-/// Tells every listening runtime that a job of each kind in `$1` (kinds with a global
-/// limit) has stopped running: a claim of the kind that found no free share waits for
-/// this, not for the poll interval.
+/// Tells every listening runtime that a share of each kind in `$1` (kinds with a global
+/// limit) is free: a claim of the kind that found no free share waits for this, not
+/// for the poll interval.
 pub(crate) const NOTIFY_FREED: &str =
     "SELECT count(pg_notify('jobs', k))::int FROM unnest($1::text[]) AS k";
 

@@ -6,9 +6,12 @@
 //! here, in a transaction of their own: the kind's advisory lock ([`sql::LIMIT_LOCK`]),
 //! then a claim that counts the kind's running jobs in a snapshot taken after the lock
 //! and takes no more than the rest of the limit ([`sql::CLAIM_LIMITED`]). A kind the
-//! limit held to less than it asked for waits for one of its jobs to end: every
-//! runtime that ends one tells the others ([`Freed`], a `NOTIFY` on the kind), and the
-//! poll interval is the backstop.
+//! limit held to less than it asked for waits for a share to free, with the poll
+//! interval as the backstop ([`Freed`]): the runtime that ends a job of the kind claims
+//! the share itself first, and tells the others (a `NOTIFY` on the kind) only when it
+//! cannot take all that is free. Told at every end, every runtime waiting at the limit
+//! claimed at once, one after the other under the lock, and all but one found the
+//! limit reached: W8 ran at half its limit.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -47,24 +50,29 @@ pub(super) fn effective(
         .collect()
 }
 
-/// What a claim of kinds with a limit came to: the rows it took, and the kinds the
-/// limit held to less than they asked for.
+/// What a claim of kinds with a limit came to: the rows it took, the kinds the limit
+/// held to less than they asked for, and those that took all they asked for with
+/// shares left over.
 pub(super) struct Taken {
     pub(super) rows: Vec<ClaimRow>,
     pub(super) cut: Vec<String>,
+    pub(super) spare: Vec<String>,
 }
 
-/// One row of [`sql::CLAIM_LIMITED`]: a claimed job, or a kind the limit cut.
+/// One row of [`sql::CLAIM_LIMITED`]: a claimed job, or a kind's mark.
 enum LimitedRow {
     Job(ClaimRow),
     Cut(String),
+    Spare(String),
 }
 
 impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
     fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
         use sqlx::Row;
-        if row.try_get::<bool, _>("cut")? {
-            return Ok(LimitedRow::Cut(row.try_get("kind")?));
+        match row.try_get::<Option<&str>, _>("mark")? {
+            Some("cut") => return Ok(LimitedRow::Cut(row.try_get("kind")?)),
+            Some(_) => return Ok(LimitedRow::Spare(row.try_get("kind")?)),
+            None => {}
         }
         Ok(LimitedRow::Job(ClaimRow {
             id: row.try_get("id")?,
@@ -87,7 +95,8 @@ impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
 }
 
 /// Claims up to `free` jobs of each kind of `asks` (with its limit), in one transaction
-/// on `conn`: the kinds' locks, then the claim.
+/// on `conn`: the kinds' locks, then the claim. A lock not granted within
+/// [`sql::LIMIT_LOCK_WAIT`] is an error that [`lock_not_granted`] recognizes.
 pub(super) async fn claim(
     shared: &Shared,
     conn: &mut PoolConnection<Postgres>,
@@ -110,6 +119,7 @@ pub(super) async fn claim(
     crate::pooler::query(sql::LIMIT_LOCK)
         .bind(&kinds)
         .bind(sql::LIMIT_LOCK_CLASS)
+        .bind(sql::LIMIT_LOCK_WAIT)
         .execute(&mut *tx)
         .await?;
     let rows: Vec<LimitedRow> = crate::pooler::query_as(sql::CLAIM_LIMITED)
@@ -124,56 +134,80 @@ pub(super) async fn claim(
     let mut taken = Taken {
         rows: Vec::with_capacity(rows.len()),
         cut: Vec::new(),
+        spare: Vec::new(),
     };
     for row in rows {
         match row {
             LimitedRow::Job(row) => taken.rows.push(row),
             LimitedRow::Cut(kind) => taken.cut.push(kind),
+            LimitedRow::Spare(kind) => taken.spare.push(kind),
         }
     }
     Ok(taken)
 }
 
-/// The kinds with a limit of which this runtime has ended a job (its row no longer
-/// `running`) since they were last announced.
-#[derive(Default)]
+/// Whether `e` says a kind's lock was not granted within [`sql::LIMIT_LOCK_WAIT`]
+/// (`lock_not_available`): another runtime's claim of the kind holds it.
+pub(super) fn lock_not_granted(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
+}
+
+/// Shares of kinds with a limit that have freed: those this runtime's producer claims
+/// first, and those the other runtimes are told of.
 pub(crate) struct Freed {
-    kinds: Mutex<HashSet<&'static str>>,
+    /// Kinds of which a job ended here since the producer last looked.
+    here: Mutex<HashSet<&'static str>>,
+    /// Kinds with shares free that this runtime does not take, to announce.
+    others: Mutex<HashSet<&'static str>>,
+    /// The producer's wake-up.
+    wake: Arc<Notify>,
+    /// The announcer's.
     signal: Notify,
 }
 
 impl Freed {
-    /// A job of `kind`, a kind with a limit, has stopped running.
+    pub(super) fn new(wake: Arc<Notify>) -> Self {
+        Freed {
+            here: Mutex::default(),
+            others: Mutex::default(),
+            wake,
+            signal: Notify::new(),
+        }
+    }
+
+    /// A job of `kind`, a kind with a limit, has stopped running here (its outcome is
+    /// written): the producer claims the share.
     pub(crate) fn mark(&self, kind: &'static str) {
-        self.kinds.lock().expect("lock poisoned").insert(kind);
+        self.here.lock().expect("lock poisoned").insert(kind);
+        self.wake.notify_one();
+    }
+
+    /// The kinds [`mark`](Self::mark)ed since the last call.
+    pub(super) fn take_here(&self) -> HashSet<&'static str> {
+        std::mem::take(&mut *self.here.lock().expect("lock poisoned"))
+    }
+
+    /// A share of `kind` is free and this runtime does not take it: tell the others.
+    pub(super) fn tell(&self, kind: &'static str) {
+        self.others.lock().expect("lock poisoned").insert(kind);
         self.signal.notify_one();
     }
 }
 
-/// Announces the kinds [`Freed`] collects: to this runtime's producer at once (as a
-/// notification naming the kind), and to every other runtime by a `NOTIFY` on the
-/// kind ([`sql::NOTIFY_FREED`]; behind a transaction pooler no runtime listens, and
-/// the others see the share free at their next poll).
+/// Tells every other runtime of the shares [`Freed::tell`] collects, by a `NOTIFY` on
+/// each kind ([`sql::NOTIFY_FREED`]). Behind a transaction pooler no runtime listens:
+/// the others see the share free at their next poll.
 pub(super) async fn announce(shared: Arc<Shared>) {
     loop {
         shared.freed.signal.notified().await;
         let kinds: Vec<&'static str> = shared
             .freed
-            .kinds
+            .others
             .lock()
             .expect("lock poisoned")
             .drain()
             .collect();
-        if kinds.is_empty() {
-            continue;
-        }
-        shared
-            .notified
-            .lock()
-            .expect("lock poisoned")
-            .extend(kinds.iter().copied());
-        shared.wake.notify_one();
-        if crate::pooler::behind() {
+        if kinds.is_empty() || crate::pooler::behind() {
             continue;
         }
         let sent = super::answer_within(

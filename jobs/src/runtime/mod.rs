@@ -354,6 +354,7 @@ impl Runtime {
             })
             .collect();
         let limits = global::effective(&handlers, &[]);
+        let wake = Arc::new(Notify::new());
         let shared = Arc::new(Shared {
             notified: Mutex::new(std::collections::HashSet::new()),
             renewing,
@@ -370,7 +371,8 @@ impl Runtime {
             kind_slots,
             stopping: stop_rx.clone(),
             slot_freed: Notify::new(),
-            wake: Arc::new(Notify::new()),
+            freed: Arc::new(global::Freed::new(wake.clone())),
+            wake,
             reconnected: Notify::new(),
             paused_changed: std::sync::atomic::AtomicBool::new(false),
             flights: Arc::new(Mutex::new(HashMap::new())),
@@ -379,7 +381,6 @@ impl Runtime {
             counts: observe::Counts::default(),
             throughput: Arc::new(throughput::Throughput::default()),
             limits: std::sync::RwLock::new(limits),
-            freed: Arc::default(),
         });
         let ends = Ends {
             completions: completions_rx,
@@ -918,10 +919,15 @@ impl Shared {
     }
 
     /// A job of `kind` has stopped running (its outcome is written): if the kind has a
-    /// limit, its claims elsewhere may take the share.
+    /// limit, the producer claims the share, or, once the runtime is stopping, the
+    /// other runtimes are told.
     fn ended_run(&self, kind: &'static str) {
         if self.limit_of(kind).is_some() {
-            self.freed.mark(kind);
+            if *self.stopping.borrow() {
+                self.freed.tell(kind);
+            } else {
+                self.freed.mark(kind);
+            }
         }
     }
 

@@ -112,8 +112,14 @@ pub(super) async fn run(shared: Arc<Shared>, executors: Executors, stop: watch::
         }
         producer.tend().await;
         let capacity = producer.capacity();
+        producer.hand_on(&capacity.1);
         if capacity.0 == 0 || capacity.1.iter().all(|(_, n)| *n == 0) {
             producer.wait_for_room().await;
+            continue;
+        }
+        let limited = producer.limited_asked(&capacity.1);
+        if !limited.is_empty() {
+            producer.claim_limited(&limited, capacity.0).await;
         } else if !producer.more {
             producer.idle(&capacity.1).await;
         } else if !producer.gathered && producer.below_target(capacity.0) {
@@ -163,6 +169,9 @@ struct Producer {
     /// not claimed again until one of their jobs ends somewhere (a notification names
     /// the kind) or a poll interval has passed.
     at_limit: HashMap<&'static str, Instant>,
+    /// The kinds with a limit of which a job ended here, not yet claimed again: the
+    /// share goes to the other runtimes if this one has no room for the kind.
+    freed_here: std::collections::HashSet<&'static str>,
 }
 
 impl Producer {
@@ -190,6 +199,7 @@ impl Producer {
             seen: Seen::default(),
             quiet_asked: Instant::now(),
             at_limit: HashMap::new(),
+            freed_here: std::collections::HashSet::new(),
         }
     }
 
@@ -225,10 +235,13 @@ impl Producer {
     /// them (one of their jobs ended somewhere, or one was enqueued) or a poll interval
     /// has passed.
     fn tend_limits(&mut self) {
-        if self.at_limit.is_empty() {
+        let here = self.shared.freed.take_here();
+        if here.is_empty() && self.at_limit.is_empty() {
             return;
         }
         let mut notified = self.shared.notified.lock().expect("lock poisoned");
+        notified.extend(here.iter().copied());
+        self.freed_here.extend(here);
         let poll = self.shared.poll_interval;
         self.at_limit.retain(|kind, since| {
             if since.elapsed() >= poll {
@@ -237,6 +250,20 @@ impl Producer {
             }
             !notified.contains(kind)
         });
+    }
+
+    /// Tells the other runtimes of the shares freed here of kinds this runtime has no
+    /// room for now (`per_kind`); it claims the others itself.
+    fn hand_on(&mut self, per_kind: &[(&'static HandlerInfo, usize)]) {
+        if self.freed_here.is_empty() {
+            return;
+        }
+        for (info, free) in per_kind {
+            if self.freed_here.remove(info.kind) && *free == 0 {
+                self.shared.freed.tell(info.kind);
+            }
+        }
+        self.freed_here.clear();
     }
 
     /// The free capacity, in all and per kind: none for a paused kind or one at its
@@ -374,40 +401,20 @@ impl Producer {
         .await;
     }
 
-    /// One claim of every kind with room, and the start of what it took: first the
-    /// kinds with a global limit, in a claim of their own (`super::global`), then the
-    /// others.
+    /// One claim of every kind with room (but the kinds with a global limit, claimed
+    /// apart: [`Self::claim_limited`]), and the start of what it took.
     async fn claim(&mut self, (total_free, per_kind): &Capacity) {
         self.gathered = false;
         self.first_kind = self.first_kind.wrapping_add(1);
-        let (limited, asked): (Vec<_>, Vec<_>) = {
-            let limits = self.shared.limits.read().expect("lock poisoned");
-            self.asked(per_kind)
-                .into_iter()
-                .map(|(info, free)| (info, free, limits.get(info.kind).copied()))
-                .partition(|(_, _, limit)| limit.is_some())
-        };
-        let mut total_free = *total_free;
-        let mut more = false;
-        if !limited.is_empty() {
-            let Some((taken, filled)) = self.claim_limited(&limited, total_free).await else {
-                return;
-            };
-            total_free -= taken.min(total_free);
-            more = filled;
-        }
-        let asked: Vec<_> = asked
-            .into_iter()
-            .map(|(info, free, _)| (info, free.min(total_free)))
-            .collect();
+        let asked = self.asked(per_kind);
         let Some(ask) = Ask::new(
-            total_free,
+            *total_free,
             &asked,
             &self.floors,
             self.first_kind,
             &self.seen,
         ) else {
-            self.more = more;
+            self.more = false;
             return;
         };
         self.claim_sent = Instant::now();
@@ -423,9 +430,8 @@ impl Producer {
                 if !rows.is_empty() {
                     self.rates.claimed(self.claim_sent.elapsed());
                 }
-                let filled = ask.filled(&rows);
-                self.seen.note(&ask, &rows, filled);
-                self.more = filled || more;
+                self.more = ask.filled(&rows);
+                self.seen.note(&ask, &rows, self.more);
                 self.start_all(rows, &ask.kinds).await;
                 if !self.more {
                     // Idle next: let the executors just started (each waiting in this
@@ -438,27 +444,51 @@ impl Producer {
         }
     }
 
+    /// The kinds with a global limit that a claim of them would ask for now, each with
+    /// its free slots and its limit: those with room, but the quiet ones unless a
+    /// notification named them since (as [`Self::asked`]).
+    fn limited_asked(
+        &self,
+        per_kind: &[(&'static HandlerInfo, usize)],
+    ) -> Vec<(&'static HandlerInfo, usize, u32)> {
+        let limits = self.shared.limits.read().expect("lock poisoned");
+        if limits.is_empty() {
+            return Vec::new();
+        }
+        let mut notified = self.shared.notified.lock().expect("lock poisoned");
+        per_kind
+            .iter()
+            .filter_map(|(info, free)| {
+                let limit = *limits.get(info.kind)?;
+                let asked =
+                    *free > 0 && (notified.remove(info.kind) || !self.seen.is_quiet(info.kind));
+                asked.then_some((*info, *free, limit))
+            })
+            .collect()
+    }
+
     /// The claim of the kinds with a global limit (`kinds`: each with its free slots and
-    /// its limit), at most `total_free` in all, and the start of what it took. Notes
-    /// each kind: at its limit (the limit held it to less than it asked for), quiet (it
-    /// had fewer jobs due), or busy. Returns how many it took and whether some kind
-    /// took all it asked for (more may be waiting); None if the claim failed.
+    /// its limit), at most `total_free` in all, and the start of what it took. It goes
+    /// before the other kinds' claim and without their wait for a batch: the limit, not
+    /// the batch, bounds what it takes. Notes each kind: at its limit (the limit held
+    /// it to less than it asked for), quiet (it had fewer jobs due), or busy (it took
+    /// all it asked for: the next turn asks again, if it has room).
     async fn claim_limited(
         &mut self,
-        kinds: &[(&'static HandlerInfo, usize, Option<u32>)],
+        kinds: &[(&'static HandlerInfo, usize, u32)],
         total_free: usize,
-    ) -> Option<(usize, bool)> {
+    ) {
         let mut left = total_free;
         let mut asks = Vec::new();
         for (info, free, limit) in kinds {
             let n = (*free).min(left);
-            if let (true, Some(limit)) = (n > 0, limit) {
+            if n > 0 {
                 asks.push((*info, n, *limit));
                 left -= n;
             }
         }
         if asks.is_empty() {
-            return Some((0, false));
+            return;
         }
         self.claim_sent = Instant::now();
         let shared = self.shared.clone();
@@ -470,7 +500,11 @@ impl Producer {
         match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
             Ok(taken) => {
                 self.backoff = claim_backoff();
-                let mut more = false;
+                for kind in &taken.spare {
+                    if let Some((&kind, _)) = self.shared.handlers.get_key_value(kind.as_str()) {
+                        self.shared.freed.tell(kind);
+                    }
+                }
                 for (info, n, _) in &asks {
                     let took = taken.rows.iter().filter(|r| r.kind == info.kind).count();
                     if taken.cut.iter().any(|k| k == info.kind) {
@@ -480,34 +514,40 @@ impl Producer {
                         self.seen.quiet.insert(info.kind);
                     } else {
                         self.seen.quiet.remove(info.kind);
-                        more = true;
                     }
                 }
                 let order: Vec<&'static str> = asks.iter().map(|(info, _, _)| info.kind).collect();
-                let took = taken.rows.len();
                 self.start_all(taken.rows, &order).await;
-                Some((took, more))
             }
-            Err(e) => {
-                self.claim_failed(&e).await;
-                None
+            Err(e) if super::global::lock_not_granted(&e) => {
+                // Another runtime's claim holds a kind's lock (and may be stalled):
+                // claim the other kinds meanwhile; these wait as at their limit.
+                tracing::debug!(error = %crate::error::server_message(&e), "a kind's lock is held elsewhere; claiming it later");
+                for (info, _, _) in &asks {
+                    self.at_limit.insert(info.kind, Instant::now());
+                }
             }
+            Err(e) => self.claim_failed(&e).await,
         }
     }
 
     /// The kinds this claim asks for: every kind with room but the quiet ones, unless a
-    /// notification or the probe named one since. An idle runtime asks for every kind:
-    /// its claims are few. A notification naming a kind without room now (paused, at
-    /// its limit, or its slots taken) is kept for a claim that has room for it.
+    /// notification or the probe named one since, and but the kinds with a global
+    /// limit. An idle runtime asks for every kind: its claims are few. A notification
+    /// naming a kind without room now (paused, at its limit, or its slots taken) is
+    /// kept for a claim that has room for it.
     fn asked(
         &self,
         per_kind: &[(&'static HandlerInfo, usize)],
     ) -> Vec<(&'static HandlerInfo, usize)> {
+        let limits = self.shared.limits.read().expect("lock poisoned");
         let mut notified = self.shared.notified.lock().expect("lock poisoned");
         per_kind
             .iter()
             .filter(|(info, free)| {
-                *free > 0 && (notified.remove(info.kind) || !self.seen.is_quiet(info.kind))
+                *free > 0
+                    && !limits.contains_key(info.kind)
+                    && (notified.remove(info.kind) || !self.seen.is_quiet(info.kind))
             })
             .copied()
             .collect()
