@@ -109,6 +109,18 @@ async fn free(_job: Free, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.rate", rate = "10/500ms")]
+struct Rated {}
+
+static RATED: std::sync::Mutex<Vec<std::time::Instant>> = std::sync::Mutex::new(Vec::new());
+
+#[jobs::handler]
+async fn rated(_job: Rated, _ctx: JobContext) -> Result<(), JobError> {
+    RATED.lock().unwrap().push(std::time::Instant::now());
+    Ok(())
+}
+
 /// A pool of its own for each runtime, as separate processes would have.
 async fn own_pool(pool: &PgPool) -> PgPool {
     PgPoolOptions::new()
@@ -349,4 +361,37 @@ async fn a_claim_stalled_holding_a_kinds_lock_holds_up_no_other_kind(pool: PgPoo
     })
     .await;
     rt.stop().await;
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn no_window_of_the_rates_length_holds_more_starts_than_it_allows(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..40 {
+        batch.push(&Rated {}).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let mut runtimes = Vec::new();
+    for _ in 0..4 {
+        let own = own_pool(&pool).await;
+        runtimes.push(Running::start(runtime(&own, &["limits.rate"])));
+    }
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.rate").await == 0
+    })
+    .await;
+    for rt in runtimes {
+        rt.stop().await;
+    }
+    let mut starts = RATED.lock().unwrap().clone();
+    starts.sort();
+    assert_eq!(starts.len(), 40);
+    // Starts are counted at their claims; a handler begins a moment later, so the
+    // windows read here are 450 ms of the 500.
+    for (i, first) in starts.iter().enumerate() {
+        let within = starts[i..]
+            .iter()
+            .take_while(|t| t.duration_since(*first) < Duration::from_millis(450))
+            .count();
+        assert!(within <= 10, "{within} starts within 450 ms of start {i}");
+    }
 }

@@ -36,15 +36,75 @@ async fn limited(job: Limited, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
-/// A runtime process for W8, stopped by the parent.
-pub async fn child() {
+/// A no-op job of a kind that starts at most 1,000 a second across every runtime.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "bench.rated", rate = "1000/1s")]
+pub struct Rated {
+    seq: u32,
+}
+
+#[jobs::handler]
+async fn rated(_job: Rated, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
+/// A runtime process for W8, stopped by the parent: of `kind`, concurrency 10.
+pub async fn child(kind: &str) {
     let pool = super::pool(12).await;
     Runtime::new(pool)
-        .kinds(["bench.limited"])
+        .kinds([kind.to_owned()])
         .concurrency(10)
         .run()
         .await
         .unwrap();
+}
+
+/// Four runtime processes of `kind`.
+fn spawn(kind: &str) -> Vec<tokio::process::Child> {
+    (0..4)
+        .map(|_| {
+            tokio::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--child-limited", kind])
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// W8's rate: 70,000 no-op jobs of a kind with a rate of 1,000/s, four runtime
+/// processes; the starts per second between the 5th and the 65th second (the jobs
+/// leave the table at their completion, a few ms after their start).
+pub async fn run_rate(runs: usize) {
+    let mut rates = Vec::new();
+    for _ in 0..runs {
+        let pool = super::fresh_database(4).await;
+        for chunk in (0..70_000u32).collect::<Vec<_>>().chunks(10_000) {
+            let mut batch = EnqueueBatch::new();
+            for &seq in chunk {
+                batch.push(&Rated { seq }).unwrap();
+            }
+            batch.enqueue(&pool).await.unwrap();
+        }
+        let left = || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobs WHERE kind = 'bench.rated'")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        };
+        let children = spawn("bench.rated");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (before, t) = (left().await, Instant::now());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let after = left().await;
+        rates.push((before - after) as f64 / t.elapsed().as_secs_f64());
+        for mut child in children {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+        pool.close().await;
+    }
+    super::report("W8 rate 1000/s, 4 runtimes", "starts/s", rates, &[]);
 }
 
 /// Runs W8 `runs` times.
@@ -66,15 +126,7 @@ pub async fn run(runs: usize) {
         let stop = Arc::new(AtomicBool::new(false));
         let t = Instant::now();
         let watch = tokio::spawn(most_running(pool.clone(), stop.clone()));
-        let children: Vec<_> = (0..4)
-            .map(|_| {
-                tokio::process::Command::new(std::env::current_exe().unwrap())
-                    .arg("--child-limited")
-                    .kill_on_drop(true)
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
+        let children = spawn("bench.limited");
         loop {
             let left: i64 =
                 sqlx::query_scalar("SELECT count(*) FROM jobs WHERE kind = 'bench.limited'")

@@ -123,8 +123,12 @@ pub enum Command {
         /// At most this many jobs of the kind running at once, across every runtime.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         concurrency: Option<u32>,
+        /// At most N starts in any window of the duration, across every runtime
+        /// (`100/1s`, `600/1m`).
+        #[arg(long, value_name = "N/DURATION", value_parser = parse_rate)]
+        rate: Option<(u32, Duration)>,
         /// Clear the limits set here: the kind's attribute applies again.
-        #[arg(long, conflicts_with = "concurrency")]
+        #[arg(long, conflicts_with_all = ["concurrency", "rate"])]
         clear: bool,
         /// One JSON object per kind and line.
         #[arg(long)]
@@ -199,6 +203,24 @@ impl From<StateArg> for JobState {
 
 /// Parses a duration in the grammar the job attributes use too (the `humantime`
 /// crate's): `250ms`, `30s`, `5m`, `1h30m`, `7d`, `2weeks`.
+/// `100/1s`: at least one start per a window of at least a millisecond.
+pub fn parse_rate(text: &str) -> Result<(u32, Duration), String> {
+    let (starts, per) = text
+        .split_once('/')
+        .ok_or_else(|| format!("`{text}` is not a rate: starts, a slash, a window (100/1s)"))?;
+    let starts: u32 = starts
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| format!("`{starts}` is not a whole number of starts of at least 1"))?;
+    let per = parse_duration(per)?;
+    if per.as_millis() == 0 {
+        return Err("a rate's window must be at least 1ms".to_owned());
+    }
+    Ok((starts, per))
+}
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim()).map_err(|e| {
         format!(

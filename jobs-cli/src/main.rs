@@ -367,9 +367,15 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
         Command::Limits {
             kind,
             concurrency,
+            rate,
             clear,
             json,
-        } => limits(conn, kind, concurrency, clear, json).await?,
+        } => {
+            let mut set = admin::KindLimits::default();
+            set.concurrency = concurrency;
+            set.rate = rate.map(|(starts, per)| jobs::Rate { starts, per });
+            limits(conn, kind, set, clear, json).await?
+        }
         Command::Web { .. } => unreachable!("served by `web`, before a connection is opened"),
         Command::Prune {
             older_than,
@@ -405,12 +411,12 @@ async fn act(conn: &mut PgConnection, action: Action) -> Result<(), Failure> {
 async fn limits(
     conn: &mut PgConnection,
     kind: Option<String>,
-    concurrency: Option<u32>,
+    set: admin::KindLimits,
     clear: bool,
     json: bool,
 ) -> Result<(), Failure> {
     let Some(kind) = kind else {
-        if concurrency.is_some() || clear {
+        if set != admin::KindLimits::default() || clear {
             return Err(Failure::Usage(
                 "name the kind whose limits to change: jobsctl limits KIND --concurrency N"
                     .to_owned(),
@@ -440,17 +446,24 @@ async fn limits(
         print(&format!("{}\n", output::clean(&message)));
         return Ok(());
     }
-    if let Some(n) = concurrency {
-        admin::set_limits(
-            &mut *conn,
-            &kind,
-            admin::KindLimits::default().concurrency(n),
-        )
-        .await?;
+    if set != admin::KindLimits::default() {
+        admin::set_limits(&mut *conn, &kind, set).await?;
+        let mut what = Vec::new();
+        if let Some(n) = set.concurrency {
+            what.push(format!("at most {n} running at once"));
+        }
+        if let Some(r) = set.rate {
+            what.push(format!(
+                "at most {} starts per {}",
+                r.starts,
+                output::human(r.per)
+            ));
+        }
         print(&format!(
             "{}\n",
             output::clean(&format!(
-                "`{kind}`: at most {n} running at once across every runtime, within the runtimes' poll interval"
+                "`{kind}`: {} across every runtime, within the runtimes' poll interval",
+                what.join(" and ")
             ))
         ));
         return Ok(());

@@ -527,6 +527,10 @@ pub fn limits_table(rows: &[jobs::admin::KindLimitsRow]) -> String {
                 r.limits
                     .concurrency
                     .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+                r.limits.rate.map_or_else(
+                    || "-".to_owned(),
+                    |r| format!("{}/{}", r.starts, human(r.per)),
+                ),
                 r.running.to_string(),
                 time(&r.updated_at),
             ]
@@ -536,6 +540,7 @@ pub fn limits_table(rows: &[jobs::admin::KindLimitsRow]) -> String {
         &[
             ("KIND", Left),
             ("CONCURRENCY", Right),
+            ("RATE", Right),
             ("RUNNING", Right),
             ("SET", Left),
         ],
@@ -548,6 +553,7 @@ pub fn limits_json(r: &jobs::admin::KindLimitsRow) -> Value {
     json!({
         "kind": r.kind,
         "concurrency": r.limits.concurrency,
+        "rate": r.limits.rate.map(|r| json!({ "starts": r.starts, "per_ms": r.per.as_millis() as u64 })),
         "running": r.running,
         "set_at": time(&r.updated_at),
     })

@@ -38,6 +38,8 @@ pub(crate) struct JobAttr {
     pub timeout: Option<Millis>,
     pub concurrency: Option<u32>,
     pub global_concurrency: Option<u32>,
+    /// `rate = "600/1m"`: the starts, and the window.
+    pub rate: Option<(u32, Millis)>,
     pub retain: Option<Millis>,
     pub every: Option<Millis>,
     pub every_span: Option<Span>,
@@ -59,6 +61,7 @@ const CANCEL_ON_LEASE_LOSS: &str = "cancel_on_lease_loss";
 const TIMEOUT: &str = "timeout";
 const CONCURRENCY: &str = "concurrency";
 const GLOBAL_CONCURRENCY: &str = "global_concurrency";
+const RATE: &str = "rate";
 const RETAIN: &str = "retain";
 const EVERY: &str = "every";
 const CRON: &str = "cron";
@@ -80,6 +83,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     (TIMEOUT, "timeout = \"5m\""),
     (CONCURRENCY, "concurrency = 4"),
     (GLOBAL_CONCURRENCY, "global_concurrency = 8"),
+    (RATE, "rate = \"600/1m\""),
     (RETAIN, "retain = \"7d\""),
     (EVERY, "every = \"10m\""),
     (CRON, "cron = \"0 3 * * *\""),
@@ -102,6 +106,7 @@ const KEYS: &[&str] = &[
     TIMEOUT,
     CONCURRENCY,
     GLOBAL_CONCURRENCY,
+    RATE,
     RETAIN,
     EVERY,
     CRON,
@@ -234,6 +239,14 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
                     Ok(n) => out.global_concurrency = Some(n),
                     Err(e) => errors.push(e),
                 },
+                // #[job(rate = "600/1m")]
+                RATE => match string(&value, example(RATE)) {
+                    Ok(lit) => match rate(&lit) {
+                        Ok(rate) => out.rate = Some(rate),
+                        Err(e) => errors.push(e),
+                    },
+                    Err(e) => errors.push(e),
+                },
                 // #[job(retain = "7d")]
                 RETAIN => out.retain = duration(&value, RETAIN, errors),
                 // #[job(every = "10m")]
@@ -357,6 +370,38 @@ fn positive(value: &Expr, example: &str) -> syn::Result<u32> {
             _ => Err(err()),
         },
         _ => Err(err()),
+    }
+}
+
+/// `"600/1m"`: at least one start, per a window of at least a millisecond.
+fn rate(lit: &LitStr) -> syn::Result<(u32, Millis)> {
+    let text = lit.value();
+    let err = |why: String| syn::Error::new(lit.span(), format!("{why}: {}", example(RATE)));
+    let Some((starts, per)) = text.split_once('/') else {
+        return Err(err(format!(
+            "`{text}` is not a rate: starts, a slash, and a window"
+        )));
+    };
+    let starts = match starts.trim().parse::<u32>() {
+        Ok(n) if n >= 1 => n,
+        _ => {
+            return Err(err(format!(
+                "`{}` is not a whole number of starts of at least 1",
+                starts.trim()
+            )));
+        }
+    };
+    match parse_millis(per) {
+        Ok(0) => Err(err("a rate's window must be longer than zero".to_owned())),
+        Ok(ms) => Ok((
+            starts,
+            Millis {
+                value: ms,
+                span: lit.span(),
+                text: per.trim().to_owned(),
+            },
+        )),
+        Err(why) => Err(err(format!("the window {why}"))),
     }
 }
 

@@ -195,6 +195,10 @@ fn expand_impl(
     if let Some(n) = attr.global_concurrency {
         config = quote!(#config.with_global_concurrency(#n));
     }
+    if let Some((starts, per)) = &attr.rate {
+        let per = millis(per.value);
+        config = quote!(#config.with_rate(#starts, #per));
+    }
     if let Some(d) = &attr.retain {
         let d = millis(d.value);
         config = quote!(#config.with_retain(#d));

@@ -1107,13 +1107,15 @@ where
     Ok(crate::pooler::query_as(PAUSED).fetch_all(executor).await?)
 }
 
-/// Sets the operator's limits of kind `$1` (`$2` the global concurrency), replacing
-/// any set before, and notifies the runtimes as [`PAUSE`] does, so that they read the
-/// limits again at once. Index: the primary key of `jobs_limits`.
+/// Sets the operator's limits of kind `$1` (`$2` the global concurrency, `$3` starts per
+/// `$4` ms the rate), replacing any set before, and notifies the runtimes as [`PAUSE`]
+/// does, so that they read the limits again at once. Index: the primary key of
+/// `jobs_limits`.
 const SET_LIMITS: &str = r#"
 WITH i AS (
-    INSERT INTO jobs_limits (kind, concurrency) VALUES ($1, $2)
-    ON CONFLICT (kind) DO UPDATE SET concurrency = excluded.concurrency, updated_at = now()
+    INSERT INTO jobs_limits (kind, concurrency, rate_starts, rate_ms) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (kind) DO UPDATE SET concurrency = excluded.concurrency,
+        rate_starts = excluded.rate_starts, rate_ms = excluded.rate_ms, updated_at = now()
     RETURNING kind
 )
 SELECT count(pg_notify('jobs_paused', i.kind)) FROM i
@@ -1129,7 +1131,7 @@ SELECT count(pg_notify('jobs_paused', d.kind)) FROM d
 /// The operator's limits, in kind order, with each kind's running jobs. Index: the
 /// primary key of `jobs_limits`; `jobs_running`, one range per kind.
 const LIMITS: &str = r#"
-SELECT l.kind, l.concurrency, l.updated_at,
+SELECT l.kind, l.concurrency, l.rate_starts, l.rate_ms, l.updated_at,
        (SELECT count(*) FROM jobs j WHERE j.state = 'running' AND j.kind = l.kind) AS running
 FROM jobs_limits l
 ORDER BY l.kind
@@ -1140,8 +1142,12 @@ ORDER BY l.kind
 /// (`#[job(global_concurrency = 8)]`) until [`clear_limits`].
 ///
 /// ```
-/// let limits = jobs::admin::KindLimits::default().concurrency(4);
+/// use std::time::Duration;
+/// let limits = jobs::admin::KindLimits::default()
+///     .concurrency(4)
+///     .rate(100, Duration::from_secs(1));
 /// assert_eq!(limits.concurrency, Some(4));
+/// assert_eq!(limits.rate.map(|r| r.starts), Some(100));
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -1149,12 +1155,21 @@ pub struct KindLimits {
     /// At most this many jobs of the kind running at once across every runtime (at
     /// least 1); `None` leaves the attribute's value, if any, in force.
     pub concurrency: Option<u32>,
+    /// At most this many starts in any window of this length across every runtime;
+    /// `None` leaves the attribute's value, if any, in force.
+    pub rate: Option<crate::Rate>,
 }
 
 impl KindLimits {
     /// Sets the global concurrency.
     pub fn concurrency(mut self, n: u32) -> Self {
         self.concurrency = Some(n);
+        self
+    }
+
+    /// Sets the rate: at most `starts` in any window of `per`.
+    pub fn rate(mut self, starts: u32, per: Duration) -> Self {
+        self.rate = Some(crate::Rate { starts, per });
         self
     }
 }
@@ -1178,8 +1193,8 @@ pub struct KindLimitsRow {
 /// interval (one second by default; at once when the notification reaches it). Until
 /// then a runtime may start jobs under the old limit: lowering a limit does not stop
 /// jobs already running, which finish, and the kind runs at the new limit once enough
-/// of them have. A concurrency of 0 is an [`Error::InvalidInput`] (pause the kind
-/// instead, [`pause`]).
+/// of them have. A concurrency of 0, or a rate of no starts or over no time, is an
+/// [`Error::InvalidInput`] (pause the kind instead, [`pause`]).
 ///
 /// ```no_run
 /// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
@@ -1203,9 +1218,25 @@ where
         Some(n) => Some(i32::try_from(n).unwrap_or(i32::MAX)),
         None => None,
     };
+    let rate = match limits.rate {
+        Some(r) if r.starts == 0 || r.per.as_millis() == 0 => {
+            return Err(Error::InvalidInput(format!(
+                "a rate of {} starts per {:?} for kind `{kind}` would never run its jobs \
+                 (a window is at least 1 ms): pause the kind instead (jobs::admin::pause)",
+                r.starts, r.per
+            )));
+        }
+        Some(r) => Some((
+            i32::try_from(r.starts).unwrap_or(i32::MAX),
+            crate::enqueue::millis(r.per),
+        )),
+        None => None,
+    };
     crate::pooler::query_scalar::<_, i64>(SET_LIMITS)
         .bind(kind)
         .bind(concurrency)
+        .bind(rate.map(|r| r.0))
+        .bind(rate.map(|r| r.1))
         .fetch_one(executor)
         .await?;
     Ok(())
@@ -1241,18 +1272,34 @@ pub async fn limits<'e, E>(executor: E) -> Result<Vec<KindLimitsRow>, Error>
 where
     E: PgExecutor<'e>,
 {
-    let rows: Vec<(String, Option<i32>, DateTime<Utc>, i64)> =
-        crate::pooler::query_as(LIMITS).fetch_all(executor).await?;
+    type Row = (
+        String,
+        Option<i32>,
+        Option<i32>,
+        Option<i64>,
+        DateTime<Utc>,
+        i64,
+    );
+    let rows: Vec<Row> = crate::pooler::query_as(LIMITS).fetch_all(executor).await?;
     Ok(rows
         .into_iter()
-        .map(|(kind, concurrency, updated_at, running)| KindLimitsRow {
-            kind,
-            limits: KindLimits {
-                concurrency: concurrency.and_then(|n| u32::try_from(n).ok()),
+        .map(
+            |(kind, concurrency, starts, ms, updated_at, running)| KindLimitsRow {
+                kind,
+                limits: KindLimits {
+                    concurrency: concurrency.and_then(|n| u32::try_from(n).ok()),
+                    rate: match (starts, ms) {
+                        (Some(starts), Some(ms)) => Some(crate::Rate {
+                            starts: u32::try_from(starts).unwrap_or(0),
+                            per: Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
+                        }),
+                        _ => None,
+                    },
+                },
+                updated_at,
+                running: count(running),
             },
-            updated_at,
-            running: count(running),
-        })
+        )
         .collect())
 }
 

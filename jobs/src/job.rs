@@ -146,6 +146,10 @@ pub struct JobConfig {
     /// database (`global_concurrency = 8`). An operator's value
     /// ([`admin::set_limits`](crate::admin::set_limits)) wins over it until cleared.
     pub global_concurrency: Option<u32>,
+    /// At most this many starts of the kind's jobs in any window of this length, across
+    /// every runtime on the database (`rate = "600/1m"`). An operator's value wins over
+    /// it until cleared.
+    pub rate: Option<Rate>,
     /// Keep done rows this long instead of deleting them on success (`retain = "7d"`).
     pub retain: Option<Duration>,
     /// Period of a periodic kind (`every = "10m"`): one live job across all replicas,
@@ -157,6 +161,19 @@ pub struct JobConfig {
     /// The kind's default priority (`priority = 2`), 0 to 9: among the due jobs of the
     /// kind, a lower number is claimed first.
     pub priority: i16,
+}
+
+/// A kind's rate across every runtime on the database: at most `starts` of its jobs
+/// start in any window of length `per` (a sliding window: counted back from each
+/// claim, not in fixed slots, so a burst at the edge of one slot and the start of the
+/// next cannot double it). A start is counted when the job is claimed, on the
+/// database's clock; its handler begins a moment later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    /// The most starts in a window.
+    pub starts: u32,
+    /// The window's length.
+    pub per: Duration,
 }
 
 /// When a cron kind runs: a cron expression read in an IANA time zone.
@@ -327,6 +344,7 @@ impl JobConfig {
         timeout: None,
         concurrency: None,
         global_concurrency: None,
+        rate: None,
         retain: None,
         every: None,
         cron: None,
@@ -371,6 +389,19 @@ impl JobConfig {
     /// Sets the concurrency of the kind across every runtime on the database (at least 1).
     pub const fn with_global_concurrency(mut self, n: u32) -> Self {
         self.global_concurrency = Some(if n == 0 { 1 } else { n });
+        self
+    }
+    /// Sets the rate of the kind across every runtime on the database: at most `starts`
+    /// (at least 1) in any window of `per` (at least 1 ms).
+    pub const fn with_rate(mut self, starts: u32, per: Duration) -> Self {
+        self.rate = Some(Rate {
+            starts: if starts == 0 { 1 } else { starts },
+            per: if per.is_zero() {
+                Duration::from_millis(1)
+            } else {
+                per
+            },
+        });
         self
     }
     /// Keeps done rows for this long.

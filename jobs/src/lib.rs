@@ -361,7 +361,7 @@ pub use context::{FencedTx, JobContext, JobError, TxGuard};
 pub use enqueue::{EnqueueBatch, EnqueueOptions, EnqueueOutcome, Enqueued, enqueue_all};
 pub use error::Error;
 pub use history::{AttemptError, FailureKind};
-pub use job::{CronSchedule, Job, JobConfig, KeyPart, Lease};
+pub use job::{CronSchedule, Job, JobConfig, KeyPart, Lease, Rate};
 pub use limits::{
     DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEY_BYTES, MAX_KIND_BYTES, max_payload_bytes,
     set_max_payload_bytes,

@@ -510,11 +510,11 @@ FROM (SELECT DISTINCT hashtext(kind) AS h
 /// claims its other kinds meanwhile.
 pub(crate) const LIMIT_LOCK_WAIT: &str = "250ms";
 
-/// Claims jobs of the kinds `$1` that have a global concurrency limit `$4[i]` (at most
-/// that many of the kind running at once across every runtime on the database): up to
-/// `$2[i]` (the runtime's free slots for the kind), and no more than the limit less
-/// the jobs of the kind running now, with a lease of `$3[i]` ms; `$5` is the claiming
-/// runtime's id. Runs after [`LIMIT_LOCK`], in its transaction.
+/// Claims jobs of the kinds `$1` that have a limit across runtimes: up to `$2[i]` (the
+/// runtime's free slots for the kind), with a lease of `$3[i]` ms; no more than the
+/// global concurrency `$4[i]` less the jobs of the kind running now; and no more than
+/// the rate's `$6[i]` starts less those of the last `$7[i]` ms (NULL: no such limit).
+/// `$5` is the claiming runtime's id. Runs after [`LIMIT_LOCK`], in its transaction.
 ///
 /// Why that holds: the running jobs are counted, not kept in a counter that every
 /// statement that ends a run would have to keep right (a completion, a failure, a
@@ -526,28 +526,44 @@ pub(crate) const LIMIT_LOCK_WAIT: &str = "250ms";
 /// through here (the producer leaves such kinds out of [`CLAIM`]). A job whose runtime
 /// died stays `running`, and counted, until [`RESCUE`] takes it back after its lease.
 ///
+/// The rate is a sliding window: `jobs_starts` holds a row per claim of the kind (how
+/// many it took, at this statement's `statement_timestamp()`, which is after the lock
+/// was granted, so the rows of one kind are in the order of its claims); the claim sums
+/// those of the window before it, adds its own, and deletes those older than the
+/// window. No window of that length then holds more starts than the rate, counted at
+/// the claims (a handler starts a moment after its claim).
+///
 /// Each kind's jobs are taken as [`CLAIM`] takes them (by priority, then `run_after,
-/// id`), from the start of each range: these claims are few (the limit bounds them),
+/// id`), from the start of each range: these claims are few (the limits bound them),
 /// so they keep no floors. Returns the claimed rows, with the columns of [`CLAIM`]
-/// (the floors' columns NULL), and one row without an id for each kind that the limit
-/// held to less than it asked for (`mark` = `cut`: it runs at its limit, and its next
-/// claim waits for one of its jobs to end), or that took all it asked for while the
-/// limit had room for more (`spare`: another runtime may take the rest).
+/// (the floors' columns NULL), and one row without an id for each kind that a limit
+/// held to less than it asked for (`mark` = `cut`; `wait`, when the rate held it, the
+/// seconds until its window has room again; otherwise its next claim waits for one of
+/// its jobs to end), or that took all it asked for while the limits had room for more
+/// (`spare`: another runtime may take the rest).
 ///
 /// Index: `jobs_running (kind, id) WHERE state = 'running'` for the count (at most the
-/// limit's rows); `jobs_claim` for the scans, one range per (kind, priority); the
-/// primary key for the update.
+/// limit's rows); `jobs_starts_kind_at` for the window's sum and the delete (a range
+/// each); `jobs_claim` for the scans, one range per (kind, priority); the primary key
+/// for the update.
 pub(crate) const CLAIM_LIMITED: &str = concat!(
     r#"
 WITH wanted AS MATERIALIZED (
     SELECT w.kind, w.lease_ms, w.ord, w.n AS asked, '{}'::float8[] AS floors,
-           NULL::float8 AS since, w.lim, r.running,
-           greatest(least(w.n, w.lim - r.running), 0)::int AS n
-    FROM unnest($1::text[], $2::int[], $3::bigint[], $4::int[])
-        WITH ORDINALITY AS w(kind, n, lease_ms, lim, ord)
+           NULL::float8 AS since, w.rate_ms,
+           w.lim - r.running AS shares, w.rate_n - s.started AS starts, s.oldest,
+           greatest(least(w.n, w.lim - r.running, w.rate_n - s.started), 0)::int AS n
+    FROM unnest($1::text[], $2::int[], $3::bigint[], $4::int[], $6::int[], $7::bigint[])
+        WITH ORDINALITY AS w(kind, n, lease_ms, lim, rate_n, rate_ms, ord)
     CROSS JOIN LATERAL (
-        SELECT count(*) AS running FROM jobs r WHERE r.state = 'running' AND r.kind = w.kind
+        SELECT count(*) AS running FROM jobs r
+        WHERE r.state = 'running' AND r.kind = w.kind AND w.lim IS NOT NULL
     ) r
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(s.n), 0) AS started, min(s.at) AS oldest FROM jobs_starts s
+        WHERE w.rate_ms IS NOT NULL AND s.kind = w.kind
+          AND s.at > statement_timestamp() - w.rate_ms * interval '1 millisecond'
+    ) s
 ),
 picked AS MATERIALIZED (
     SELECT c.id, c.ord
@@ -569,16 +585,34 @@ claimed AS (
               extract(epoch FROM now() - j.run_after)::float8 AS waited,
               extract(epoch FROM j.run_after)::float8 AS run_after,
               j.priority
+),
+logged AS (
+    INSERT INTO jobs_starts (kind, at, n)
+    SELECT w.kind, statement_timestamp(), count(*)
+    FROM picked p JOIN wanted w ON w.ord = p.ord
+    WHERE w.rate_ms IS NOT NULL
+    GROUP BY w.kind
+),
+expired AS (
+    DELETE FROM jobs_starts s
+    USING wanted w
+    WHERE w.rate_ms IS NOT NULL AND s.kind = w.kind
+      AND s.at <= statement_timestamp() - w.rate_ms * interval '1 millisecond'
 )
 SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
-       c.run_after, c.priority, NULL AS mark
+       c.run_after, c.priority, NULL AS mark, NULL::float8 AS wait
 FROM claimed c
 UNION ALL
 SELECT NULL, w.kind, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       CASE WHEN w.n < w.asked THEN 'cut' ELSE 'spare' END
+       CASE WHEN w.n < w.asked THEN 'cut' ELSE 'spare' END,
+       CASE WHEN w.n < w.asked AND w.starts <= coalesce(w.shares, w.starts)
+            THEN extract(epoch FROM coalesce(w.oldest, statement_timestamp())
+                                    + w.rate_ms * interval '1 millisecond'
+                                    - statement_timestamp())::float8
+       END
 FROM wanted w
 WHERE w.n < w.asked
-   OR (w.lim - w.running > w.asked
+   OR (least(w.shares, w.starts) > w.asked
        AND (SELECT count(*) FROM picked p WHERE p.ord = w.ord) = w.asked)
 "#
 );
@@ -1204,13 +1238,16 @@ pub(crate) const DB_NOW: &str = "SELECT (extract(epoch FROM now()) * 1000000)::b
 
 /// What operators set per kind: the paused kinds (`jobs::admin::pause`), which the
 /// producer leaves out of its claims, and the limits (`jobs::admin::set_limits`), which
-/// win over the kinds' attributes: `(kind, paused, concurrency)`. Read once per poll
+/// win over the kinds' attributes: `(kind, paused, concurrency, rate_starts, rate_ms)`.
+/// Read once per poll
 /// interval. Index: none needed, the tables hold a row per kind an operator paused or
 /// limited.
 pub(crate) const KIND_SETTINGS: &str = r#"
-SELECT kind, true AS paused, NULL::int AS concurrency FROM jobs_paused
+SELECT kind, true AS paused, NULL::int AS concurrency, NULL::int AS rate_starts,
+       NULL::bigint AS rate_ms
+FROM jobs_paused
 UNION ALL
-SELECT kind, false, concurrency FROM jobs_limits
+SELECT kind, false, concurrency, rate_starts, rate_ms FROM jobs_limits
 "#;
 
 /// Registers runtime `$1` (name `$2`, host `$3`, process `$4`, version `$5`, kinds `$6`,

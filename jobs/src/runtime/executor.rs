@@ -417,7 +417,7 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
     }
     if let Outcome::Succeeded = outcome {
         let completion = Completion {
-            limited: shared.limit_of(job.kind).map(|_| job.kind),
+            limited: shared.shares(job.kind).then_some(job.kind),
             ..Completion::of(job)
         };
         if shared.completions.send(completion).await.is_err() {

@@ -1,7 +1,8 @@
-//! Limits across every runtime: a kind's global concurrency.
+//! Limits across every runtime: a kind's global concurrency and rate.
 //!
-//! A kind with a limit (`#[job(global_concurrency = N)]`, or an operator's value in
-//! `jobs_limits`, which wins) runs at most N jobs at once across every runtime on the
+//! A kind with a limit (`#[job(global_concurrency = N)]`, `#[job(rate = "N/1m")]`, or
+//! an operator's value in `jobs_limits`, which wins) runs at most N jobs at once, or
+//! starts at most N in any window of the rate's length, across every runtime on the
 //! database. The producer leaves such kinds out of its ordinary claims and claims them
 //! here, in a transaction of their own: the kind's advisory lock ([`sql::LIMIT_LOCK`]),
 //! then a claim that counts the kind's running jobs in a snapshot taken after the lock
@@ -15,6 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
@@ -22,30 +24,48 @@ use tokio::sync::Notify;
 
 use super::Shared;
 use super::claim::ClaimRow;
+use crate::Rate;
 use crate::enqueue::millis;
 use crate::registry::HandlerInfo;
 use crate::sql;
 
-/// The kinds with a global concurrency limit, and each one's limit: the operator's
-/// value where set, else the kind's attribute.
-pub(super) type Limits = HashMap<&'static str, u32>;
+/// A kind's limits across every runtime: its global concurrency, its rate, or both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Limit {
+    pub(super) concurrency: Option<u32>,
+    pub(super) rate: Option<Rate>,
+}
+
+/// The kinds with a limit, and each one's: the operator's values where set, else the
+/// kind's attributes.
+pub(super) type Limits = HashMap<&'static str, Limit>;
+
+/// A row of `jobs_limits`: kind, concurrency, rate's starts and window (ms).
+pub(super) type Set = (String, Option<i32>, Option<i32>, Option<i64>);
 
 /// The limits of `handlers`' kinds, given the operator's values (`jobs_limits`).
 pub(super) fn effective(
     handlers: &std::collections::BTreeMap<&'static str, &'static HandlerInfo>,
-    set: &[(String, Option<i32>)],
+    set: &[Set],
 ) -> Limits {
     handlers
         .values()
         .filter_map(|h| {
-            let operator = set
-                .iter()
-                .find(|(kind, _)| kind == h.kind)
-                .and_then(|(_, n)| *n)
-                .and_then(|n| u32::try_from(n).ok());
-            operator
+            let row = set.iter().find(|(kind, ..)| kind == h.kind);
+            let concurrency = row
+                .and_then(|(_, n, ..)| *n)
+                .and_then(|n| u32::try_from(n).ok())
                 .or(h.config.global_concurrency)
-                .map(|n| (h.kind, n.max(1)))
+                .map(|n| n.max(1));
+            let rate = match row {
+                Some((_, _, Some(starts), Some(ms))) => Some(Rate {
+                    starts: u32::try_from(*starts).unwrap_or(1).max(1),
+                    per: Duration::from_millis(u64::try_from(*ms).unwrap_or(1).max(1)),
+                }),
+                _ => h.config.rate,
+            };
+            (concurrency.is_some() || rate.is_some())
+                .then_some((h.kind, Limit { concurrency, rate }))
         })
         .collect()
 }
@@ -55,14 +75,16 @@ pub(super) fn effective(
 /// shares left over.
 pub(super) struct Taken {
     pub(super) rows: Vec<ClaimRow>,
-    pub(super) cut: Vec<String>,
+    /// Each kind cut, with how long until its rate has room again when the rate cut it
+    /// (None: its concurrency did, and a job's end frees a share).
+    pub(super) cut: Vec<(String, Option<Duration>)>,
     pub(super) spare: Vec<String>,
 }
 
 /// One row of [`sql::CLAIM_LIMITED`]: a claimed job, or a kind's mark.
 enum LimitedRow {
     Job(ClaimRow),
-    Cut(String),
+    Cut(String, Option<Duration>),
     Spare(String),
 }
 
@@ -70,7 +92,11 @@ impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
     fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
         use sqlx::Row;
         match row.try_get::<Option<&str>, _>("mark")? {
-            Some("cut") => return Ok(LimitedRow::Cut(row.try_get("kind")?)),
+            Some("cut") => {
+                let wait: Option<f64> = row.try_get("wait")?;
+                let wait = wait.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0)));
+                return Ok(LimitedRow::Cut(row.try_get("kind")?, wait));
+            }
             Some(_) => return Ok(LimitedRow::Spare(row.try_get("kind")?)),
             None => {}
         }
@@ -100,7 +126,7 @@ impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
 pub(super) async fn claim(
     shared: &Shared,
     conn: &mut PoolConnection<Postgres>,
-    asks: &[(&'static HandlerInfo, usize, u32)],
+    asks: &[(&'static HandlerInfo, usize, Limit)],
 ) -> Result<Taken, sqlx::Error> {
     let kinds: Vec<&str> = asks.iter().map(|(h, _, _)| h.kind).collect();
     let frees: Vec<i32> = asks
@@ -111,9 +137,17 @@ pub(super) async fn claim(
         .iter()
         .map(|(h, _, _)| millis(h.config.lease_length()))
         .collect();
-    let limits: Vec<i32> = asks
+    let concurrency: Vec<Option<i32>> = asks
         .iter()
-        .map(|(_, _, limit)| i32::try_from(*limit).unwrap_or(i32::MAX))
+        .map(|(_, _, l)| l.concurrency.map(|n| i32::try_from(n).unwrap_or(i32::MAX)))
+        .collect();
+    let rate_starts: Vec<Option<i32>> = asks
+        .iter()
+        .map(|(_, _, l)| l.rate.map(|r| i32::try_from(r.starts).unwrap_or(i32::MAX)))
+        .collect();
+    let rate_ms: Vec<Option<i64>> = asks
+        .iter()
+        .map(|(_, _, l)| l.rate.map(|r| millis(r.per).max(1)))
         .collect();
     let mut tx = sqlx::Acquire::begin(&mut **conn).await?;
     crate::pooler::query(sql::LIMIT_LOCK)
@@ -126,8 +160,10 @@ pub(super) async fn claim(
         .bind(&kinds)
         .bind(&frees)
         .bind(&leases)
-        .bind(&limits)
+        .bind(&concurrency)
         .bind(shared.runtime_id)
+        .bind(&rate_starts)
+        .bind(&rate_ms)
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
@@ -139,7 +175,7 @@ pub(super) async fn claim(
     for row in rows {
         match row {
             LimitedRow::Job(row) => taken.rows.push(row),
-            LimitedRow::Cut(kind) => taken.cut.push(kind),
+            LimitedRow::Cut(kind, wait) => taken.cut.push((kind, wait)),
             LimitedRow::Spare(kind) => taken.spare.push(kind),
         }
     }

@@ -892,8 +892,8 @@ impl Shared {
         self.held.lock().expect("lock poisoned").ended.clone()
     }
 
-    /// The global concurrency limit of `kind`, if it has one.
-    fn limit_of(&self, kind: &str) -> Option<u32> {
+    /// The limits of `kind` across runtimes, if it has any.
+    fn limit_of(&self, kind: &str) -> Option<global::Limit> {
         self.limits
             .read()
             .expect("lock poisoned")
@@ -907,9 +907,14 @@ impl Shared {
         if *current == limits {
             return;
         }
-        for (kind, n) in &limits {
-            if current.get(kind) != Some(n) {
-                tracing::info!(job.kind = %kind, global_concurrency = n, "kind limited across runtimes");
+        for (kind, limit) in &limits {
+            if current.get(kind) != Some(limit) {
+                tracing::info!(
+                    job.kind = %kind,
+                    global_concurrency = ?limit.concurrency,
+                    rate = ?limit.rate.map(|r| format!("{}/{:?}", r.starts, r.per)),
+                    "kind limited across runtimes"
+                );
             }
         }
         for kind in current.keys().filter(|k| !limits.contains_key(*k)) {
@@ -918,11 +923,16 @@ impl Shared {
         *current = limits;
     }
 
+    /// Whether `kind` has a global concurrency limit: a job's end frees a share.
+    fn shares(&self, kind: &str) -> bool {
+        self.limit_of(kind).is_some_and(|l| l.concurrency.is_some())
+    }
+
     /// A job of `kind` has stopped running (its outcome is written): if the kind has a
     /// limit, the producer claims the share, or, once the runtime is stopping, the
     /// other runtimes are told.
     fn ended_run(&self, kind: &'static str) {
-        if self.limit_of(kind).is_some() {
+        if self.shares(kind) {
             if *self.stopping.borrow() {
                 self.freed.tell(kind);
             } else {

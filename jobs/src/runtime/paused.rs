@@ -29,7 +29,9 @@ impl Paused {
             let c = super::held(conn, &shared.db).await?;
             crate::pooler::alone!(
                 &mut **c,
-                crate::pooler::query_as::<_, (String, bool, Option<i32>)>(sql::KIND_SETTINGS),
+                crate::pooler::query_as::<_, (String, bool, Option<i32>, Option<i32>, Option<i64>)>(
+                    sql::KIND_SETTINGS,
+                ),
                 fetch_all
             )
             .await
@@ -39,8 +41,8 @@ impl Paused {
             Ok(rows) => {
                 let kinds: std::collections::HashSet<String> = rows
                     .iter()
-                    .filter(|(_, paused, _)| *paused)
-                    .map(|(kind, _, _)| kind.clone())
+                    .filter(|(_, paused, ..)| *paused)
+                    .map(|(kind, ..)| kind.clone())
                     .collect();
                 for kind in kinds.difference(&self.kinds) {
                     tracing::info!(job.kind = %kind, "kind paused: not claiming it");
@@ -49,10 +51,10 @@ impl Paused {
                     tracing::info!(job.kind = %kind, "kind resumed");
                 }
                 self.kinds = kinds;
-                let set: Vec<(String, Option<i32>)> = rows
+                let set: Vec<super::global::Set> = rows
                     .into_iter()
-                    .filter(|(_, paused, _)| !*paused)
-                    .map(|(kind, _, n)| (kind, n))
+                    .filter(|(_, paused, ..)| !*paused)
+                    .map(|(kind, _, n, starts, ms)| (kind, n, starts, ms))
                     .collect();
                 shared.set_limits(super::global::effective(&shared.handlers, &set));
             }

@@ -165,9 +165,10 @@ struct Producer {
     seen: Seen,
     /// When the probe last asked whether a quiet kind has a job due.
     quiet_asked: Instant,
-    /// The kinds with a global limit that their last claim found at it, and since when:
-    /// not claimed again until one of their jobs ends somewhere (a notification names
-    /// the kind) or a poll interval has passed.
+    /// The kinds with a limit that their last claim found at it, and until when: not
+    /// claimed again until a notification names the kind (one of its jobs ended
+    /// somewhere, or one was enqueued) or that moment (when its rate's window has room
+    /// again; a poll interval, for a concurrency).
     at_limit: HashMap<&'static str, Instant>,
     /// The kinds with a limit of which a job ended here, not yet claimed again: the
     /// share goes to the other runtimes if this one has no room for the kind.
@@ -232,8 +233,7 @@ impl Producer {
     }
 
     /// Lets the kinds found at their limit be claimed again once a notification names
-    /// them (one of their jobs ended somewhere, or one was enqueued) or a poll interval
-    /// has passed.
+    /// them or their time has come (`at_limit`).
     fn tend_limits(&mut self) {
         let here = self.shared.freed.take_here();
         if here.is_empty() && self.at_limit.is_empty() {
@@ -242,9 +242,9 @@ impl Producer {
         let mut notified = self.shared.notified.lock().expect("lock poisoned");
         notified.extend(here.iter().copied());
         self.freed_here.extend(here);
-        let poll = self.shared.poll_interval;
-        self.at_limit.retain(|kind, since| {
-            if since.elapsed() >= poll {
+        let now = Instant::now();
+        self.at_limit.retain(|kind, until| {
+            if now >= *until {
                 notified.insert(kind);
                 return false;
             }
@@ -337,16 +337,27 @@ impl Producer {
         }
     }
 
-    /// No room: waits for a claim to end (and, while a kind is paused, at most a poll
-    /// interval, so that a resume is seen even if no slot frees).
+    /// No room: waits for a claim to end (and, while a kind is paused or at its limit,
+    /// at most a poll interval or until the limit's time, so that a resume or a free
+    /// share is seen even if no slot frees).
     async fn wait_for_room(&mut self) {
         let paused = !self.paused.kinds.is_empty() || !self.at_limit.is_empty();
+        let wait = self.limit_due().unwrap_or(self.shared.poll_interval);
         tokio::select! {
             _ = self.shared.slot_freed.notified() => {}
-            () = sleep_if(paused, self.shared.poll_interval) => {}
+            () = sleep_if(paused, wait.min(self.shared.poll_interval)) => {}
             _ = self.shared.wake.notified(), if paused => {}
             _ = self.stop.changed() => {}
         }
+    }
+
+    /// How long until the first kind at its limit may be claimed again, if any is.
+    fn limit_due(&self) -> Option<Duration> {
+        let now = Instant::now();
+        self.at_limit
+            .values()
+            .min()
+            .map(|until| until.saturating_duration_since(now))
     }
 
     /// Idle: sleeps until a notification, the next poll, the moment the next scheduled
@@ -370,10 +381,12 @@ impl Producer {
         let probing = self.probe.is_some();
         // A notification names its kind; any other wake-up (the poll, a job due, a
         // writer that may have committed, the probe) asks for every kind.
+        let limit_due = self.limit_due();
         let notified = tokio::select! {
             _ = self.shared.wake.notified() => true,
             _ = self.poll.tick() => false,
             () = sleep_until_due(due) => false,
+            () = sleep_until_due(limit_due) => true,
             () = sleep_if(self.follow_up, FOLLOW_UP) => false,
             _ = self.probe_done.notified(), if probing => false,
             _ = self.stop.changed() => false,
@@ -450,7 +463,7 @@ impl Producer {
     fn limited_asked(
         &self,
         per_kind: &[(&'static HandlerInfo, usize)],
-    ) -> Vec<(&'static HandlerInfo, usize, u32)> {
+    ) -> Vec<(&'static HandlerInfo, usize, super::global::Limit)> {
         let limits = self.shared.limits.read().expect("lock poisoned");
         if limits.is_empty() {
             return Vec::new();
@@ -475,7 +488,7 @@ impl Producer {
     /// all it asked for: the next turn asks again, if it has room).
     async fn claim_limited(
         &mut self,
-        kinds: &[(&'static HandlerInfo, usize, u32)],
+        kinds: &[(&'static HandlerInfo, usize, super::global::Limit)],
         total_free: usize,
     ) {
         let mut left = total_free;
@@ -507,8 +520,11 @@ impl Producer {
                 }
                 for (info, n, _) in &asks {
                     let took = taken.rows.iter().filter(|r| r.kind == info.kind).count();
-                    if taken.cut.iter().any(|k| k == info.kind) {
-                        self.at_limit.insert(info.kind, Instant::now());
+                    if let Some((_, wait)) = taken.cut.iter().find(|(k, _)| k == info.kind) {
+                        // The rate's window frees at a known time; a share, when a job
+                        // ends (a notification), with the poll as the backstop.
+                        let until = wait.unwrap_or(self.shared.poll_interval);
+                        self.at_limit.insert(info.kind, Instant::now() + until);
                         self.seen.quiet.remove(info.kind);
                     } else if took < *n {
                         self.seen.quiet.insert(info.kind);
@@ -524,7 +540,8 @@ impl Producer {
                 // claim the other kinds meanwhile; these wait as at their limit.
                 tracing::debug!(error = %crate::error::server_message(&e), "a kind's lock is held elsewhere; claiming it later");
                 for (info, _, _) in &asks {
-                    self.at_limit.insert(info.kind, Instant::now());
+                    self.at_limit
+                        .insert(info.kind, Instant::now() + self.shared.poll_interval);
                 }
             }
             Err(e) => self.claim_failed(&e).await,
