@@ -39,6 +39,7 @@ async fn coexists_with_application_migrations_in_either_order(pool: PgPool) {
             "jobs_limits",
             "jobs_paused",
             "jobs_runtimes",
+            "jobs_starts",
             "jobs_throughput"
         ]
     );

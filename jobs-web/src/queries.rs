@@ -47,6 +47,10 @@ pub(crate) struct KindLine {
     pub done: Count,
     pub oldest_due: Option<DateTime<Utc>>,
     pub paused: bool,
+    /// The global concurrency an operator set (`jobs_limits`), if any.
+    pub limit: Option<i32>,
+    /// The rate an operator set: starts per so many ms.
+    pub rate: Option<(i32, i64)>,
 }
 
 /// A loose index scan over the partial index of one state: the CTE `$name` of the
@@ -75,8 +79,9 @@ macro_rules! kinds_in {
 }
 
 /// The kinds, one loose index scan per state's partial index (one probe per kind), plus
-/// the paused kinds and the kinds a registered runtime claims (a kind with a handler
-/// and no job yet shows, and can be paused before its first job). `$1` is the cap + 1;
+/// the paused and limited kinds and the kinds a registered runtime claims (a kind with
+/// a handler and no job yet shows, and can be paused before its first job), each with
+/// the limits an operator set (`jobs_limits`, its primary key). `$1` is the cap + 1;
 /// each count is bounded by it (per priority for the pending rows).
 ///
 /// Indexes: `jobs_claim (kind, priority, run_after, id)` for the pending rows, one range
@@ -94,7 +99,7 @@ const OVERVIEW: &str = concat!(
     r#"kinds AS (
     SELECT kind FROM kp UNION SELECT kind FROM kr UNION SELECT kind FROM kf
     UNION SELECT kind FROM kc UNION SELECT kind FROM kd UNION SELECT kind FROM jobs_paused
-    UNION SELECT unnest(kinds) FROM jobs_runtimes
+    UNION SELECT kind FROM jobs_limits UNION SELECT unnest(kinds) FROM jobs_runtimes
 )
 SELECT k.kind,
        p.ready, p.ready_capped, p.scheduled, p.scheduled_capped, p.oldest_due,
@@ -102,8 +107,10 @@ SELECT k.kind,
        (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE state = 'failed' AND kind = k.kind LIMIT $1) s) AS failed,
        (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE state = 'cancelled' AND kind = k.kind LIMIT $1) s) AS cancelled,
        (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE state = 'done' AND kind = k.kind LIMIT $1) s) AS done,
-       EXISTS (SELECT 1 FROM jobs_paused z WHERE z.kind = k.kind) AS paused
+       EXISTS (SELECT 1 FROM jobs_paused z WHERE z.kind = k.kind) AS paused,
+       l.concurrency AS limit_concurrency, l.rate_starts, l.rate_ms
 FROM kinds k
+LEFT JOIN jobs_limits l ON l.kind = k.kind
 CROSS JOIN LATERAL (
     SELECT coalesce(sum(r.n), 0)::bigint AS ready, coalesce(bool_or(r.n >= $1), false) AS ready_capped,
            coalesce(sum(s.n), 0)::bigint AS scheduled, coalesce(bool_or(s.n >= $1), false) AS scheduled_capped,
@@ -177,6 +184,10 @@ pub(crate) async fn overview(pool: &PgPool) -> Result<Vec<KindLine>, sqlx::Error
                 done: bounded(row.try_get("done")?),
                 oldest_due: row.try_get("oldest_due")?,
                 paused: row.try_get("paused")?,
+                limit: row.try_get("limit_concurrency")?,
+                rate: row
+                    .try_get::<Option<i32>, _>("rate_starts")?
+                    .zip(row.try_get::<Option<i64>, _>("rate_ms")?),
             })
         })
         .collect()

@@ -68,6 +68,46 @@ async fn the_overview_counts_each_kind_by_state(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_overview_shows_the_limits_operators_set_beside_the_running_count(pool: PgPool) {
+    insert(&pool, "llm.embed", "running", None).await;
+    insert(&pool, "llm.embed", "running", None).await;
+    jobs::admin::set_limits(
+        &pool,
+        "llm.embed",
+        jobs::admin::KindLimits::default()
+            .concurrency(8)
+            .rate(600, std::time::Duration::from_secs(60)),
+    )
+    .await
+    .unwrap();
+    // A kind with a limit and no job yet shows too.
+    jobs::admin::set_limits(
+        &pool,
+        "webhook.deliver",
+        jobs::admin::KindLimits::default().concurrency(1),
+    )
+    .await
+    .unwrap();
+    let page = get(&app(&pool), "/", None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let row = |kind: &str| {
+        let start = page
+            .body
+            .find(&format!("<tr data-kind=\"{kind}\""))
+            .unwrap_or_else(|| panic!("a row for {kind}: {}", page.body));
+        let end = page.body[start..].find("</tr>").unwrap() + start;
+        page.body[start..end].to_owned()
+    };
+    let embed = row("llm.embed");
+    assert!(embed.contains("state=running\">2</a>"), "{embed}");
+    assert!(embed.contains(" / 8"), "{embed}");
+    assert!(embed.contains("limit 8"), "{embed}");
+    assert!(embed.contains("rate 600/1m"), "{embed}");
+    let webhook = row("webhook.deliver");
+    assert!(webhook.contains("limit 1"), "{webhook}");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn counts_stop_at_the_cap(pool: PgPool) {
     sqlx::query(
         "INSERT INTO jobs (kind, state, max_attempts, payload, finished_at)

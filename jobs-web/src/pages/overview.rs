@@ -104,10 +104,19 @@ fn kinds_table(ctx: &Ctx, now: DateTime<Utc>, kinds: &[KindLine]) -> Markup {
                             td {
                                 a href=(link(ctx, "/jobs", &[("kind", k.kind.clone())])) { code { (k.kind) } }
                                 @if k.paused { " " span.badge.state-paused { "paused" } }
+                                @if let Some(n) = k.limit {
+                                    " " span.badge title="At most this many running at once across every runtime (set by an operator: jobsctl limits)" { "limit " (n) }
+                                }
+                                @if let Some((starts, ms)) = k.rate {
+                                    " " span.badge title="At most this many starts in any window of this length across every runtime (set by an operator: jobsctl limits)" { "rate " (starts) "/" (rate_window(ms)) }
+                                }
                             }
                             td.num { (count_link(ctx, &k.kind, "pending", true, k.ready)) }
                             td.num { (count_link(ctx, &k.kind, "pending", true, k.scheduled)) }
-                            td.num { (count_link(ctx, &k.kind, "running", false, k.running)) }
+                            td.num {
+                                (count_link(ctx, &k.kind, "running", false, k.running))
+                                @if let Some(n) = k.limit { span.muted title="of the limit" { " / " (n) } }
+                            }
                             td class={ "num" @if k.failed.n > 0 { " bad" } } { (count_link(ctx, &k.kind, "failed", false, k.failed)) }
                             td.num { (count_link(ctx, &k.kind, "cancelled", false, k.cancelled)) }
                             td.num { (count_link(ctx, &k.kind, "done", false, k.done)) }
@@ -128,6 +137,16 @@ fn kinds_table(ctx: &Ctx, now: DateTime<Utc>, kinds: &[KindLine]) -> Markup {
             }
         }
         p.muted.small { "Counts stop at " (queries::COUNT_CAP) " per kind and state (per priority for due and scheduled jobs), shown as " (queries::COUNT_CAP) "+." }
+    }
+}
+
+/// A rate's window: "1s", "1m", "1500ms".
+fn rate_window(ms: i64) -> String {
+    match ms {
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        ms => format!("{ms}ms"),
     }
 }
 
