@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the protocol model (model/jobs.pml) with SPIN, exhaustively.
 #
-# The model itself must verify: the safety runs (assertions P1, P3-P7, invalid end
+# The model itself must verify: the safety runs (assertions P1, P3-P8, invalid end
 # states) and the liveness runs (LTL p2 under weak fairness) find no error. Each
 # mutation (one defect of the old protocol put back) must make SPIN find an error.
 # Prints one line per run and a last line `model: N passed, M failed`; exits 1 when a
@@ -104,6 +104,14 @@ run safety-3-triggers-tx  safety ok -DNT=3 -DTXMODE
 run batch-ordered         safety ok -DBATCH
 # (b) as first built: floors held below a writer in progress, no look-back.
 run safety-holdback-hb    safety ok -DHOLDBACK
+# A global concurrency limit (LIMIT_LOCK, CLAIM_LIMITED): P8 with a limit of 1 over the
+# key's rows and an unkeyed row (one trigger in heartbeat mode, two in transaction
+# mode), p2 with it, and a limit of 2 over three runtimes and three rows (transaction
+# mode, no faults: the bounds its size allows).
+run safety-limit-hb       safety ok -DLIMIT -DNT=1
+run safety-limit-tx       safety ok -DLIMIT -DTXMODE
+run p2-limit-hb           live   ok -DLIMIT -DNT=1
+run safety-limit2-tx      safety ok -DLIMIT -DNW=3 -DLIMN=2 -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0
 
 # The mutations: each must be caught.
 run mut-flight-dropped         bfs  error -DMUT_FLIGHT_DROPPED
@@ -115,6 +123,12 @@ run mut-batch-unordered        bfs  error -DBATCH -DMUT_BATCH_UNORDERED
 run mut-floor-blind-to-writers bfs  error -DMUT_FLOOR_BLIND_TO_WRITERS
 run mut-floor-passes-locked    bfs  error -DMUT_FLOOR_PASSES_LOCKED
 run mut-rerun-keeps-run-after  bfs  error -DMUT_RERUN_KEEPS_RUN_AFTER
+# The limit's: each must break P8.
+run mut-limit-no-lock          bfs  error -DLIMIT -DMUT_LIMIT_NO_LOCK
+run mut-limit-lock-early-release bfs error -DLIMIT -DMUT_LIMIT_LOCK_EARLY_RELEASE
+run mut-limit-snapshot-before-lock bfs error -DLIMIT -DMUT_LIMIT_SNAPSHOT_BEFORE_LOCK
+run mut-limit-plain-claim      bfs  error -DLIMIT -DMUT_LIMIT_PLAIN_CLAIM
+run mut-limit2-no-lock         bfs  error -DLIMIT -DNW=3 -DLIMN=2 -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0 -DMUT_LIMIT_NO_LOCK
 
 echo "model: $passed passed, $failed failed"
 if [ "$failed" -ne 0 ]; then

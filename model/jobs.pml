@@ -34,11 +34,29 @@
  * progress. P7 (a committed, due, unlocked job is taken by the next claim of a runtime
  * with a free slot) and p2 rely on (a)-(c) and on nothing else: the probe behind the floors (PROBE)
  * is a step that may run or not.
+ *
+ * Global limit (-DLIMIT). The modelled kind has a global concurrency limit LIMN: at
+ * most LIMN of its rows `running` at once, across every runtime. The ordinary CLAIM
+ * never takes its rows; a runtime with its slot free claims it only in a transaction
+ * of its own: LIMIT_LOCK (the kind's advisory lock, which waits while another
+ * transaction holds it and is held until this one ends), CLAIM_LIMITED (one statement,
+ * its snapshot taken after the lock was granted: room = LIMN less the rows it sees
+ * running; it takes up to min(free slots, room) pending, due rows that no other
+ * transaction holds, SKIP LOCKED), COMMIT. The rows it takes stay locked and, to
+ * everyone else, pending until the COMMIT, which makes them running and releases the
+ * lock; a crash or a session cut before it rolls both back. The running rows are
+ * counted, never kept in a counter; rows leave `running` only through COMPLETE_DELETE,
+ * COMPLETE_KEEP, FAIL, RELEASE, RESCUE and CANCEL. Besides the key's two row slots the limited model has NU unkeyed rows,
+ * committed pending before the runtimes start (ENQUEUE_ONE_UNKEYED; claimed, failed,
+ * rescued, retried and cancelled like the key's rows, without coalescing), so that
+ * LIMN + 1 rows can be pending at once. The limited claim keeps no floors (the code's
+ * claims of a limited kind start every scan at the start of its range), so the floors'
+ * steps are left out. -DNW=3 adds a third runtime, for LIMN = 2.
  */
 
-/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH */
-/* statements read-only, not modelled: HISTORY LAST_CHECKPOINT DB_NOW THROUGHPUT PAUSED_KINDS PAUSED RUNTIMES NEXT_DUE LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
-/* statements writing outside the modelled rows, not modelled: ENQUEUE_ONE_UNKEYED ENQUEUE_UNKEYED ARM_PERIODIC PRUNE_BATCH PRUNE_CANCELLED_BATCH THROUGHPUT_ADD THROUGHPUT_PRUNE PAUSE RESUME RUNTIME_SEEN RUNTIME_GONE RUNTIMES_STALE */
+/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH LIMIT_LOCK CLAIM_LIMITED */
+/* statements read-only, not modelled: HISTORY LAST_CHECKPOINT DB_NOW THROUGHPUT KIND_SETTINGS LIMITS PAUSED RUNTIMES NEXT_DUE LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
+/* statements writing outside the modelled rows, not modelled: ENQUEUE_ONE_UNKEYED ENQUEUE_UNKEYED ARM_PERIODIC PRUNE_BATCH PRUNE_CANCELLED_BATCH THROUGHPUT_ADD THROUGHPUT_PRUNE PAUSE RESUME RUNTIME_SEEN RUNTIME_GONE RUNTIMES_STALE NOTIFY_FREED SET_LIMITS CLEAR_LIMITS */
 /* statements writing only a column the protocol never reads, fenced, not modelled: CHECKPOINT */
 /* statements of the testing helpers, not modelled (a CLAIM of one row by id, run-afters moved to now, a read): CLAIM_ID MAKE_DUE FAILED_SINCE */
 
@@ -52,10 +70,17 @@
  *   NT          triggers the application sends (default 2)
  *   HOLDBACK    (b) by floors held below a writer in progress (default: floors pass
  *               it, and the next claim after it ends looks back over its rows)
+ *   LIMIT       the kind has a global concurrency limit (LIMIT_LOCK, CLAIM_LIMITED)
+ *   LIMN        with LIMIT: the limit (default 1)
+ *   NU          with LIMIT: unkeyed rows, 1 to 3 (default 1)
+ *   NW          runtimes, 2 or 3 (default 2; 3 only with LIMIT)
  * Mutations, each one defect of the old protocol put back:
  *   MUT_FLIGHT_DROPPED  MUT_TX_CLAIM_IN_TX  MUT_TX_LEASE_LOST_COMMITS
  *   MUT_FENCE_DROP_COMPLETES  MUT_COALESCE_KEEPS_ATTEMPTS  MUT_BATCH_UNORDERED
  *   MUT_FLOOR_BLIND_TO_WRITERS  MUT_FLOOR_PASSES_LOCKED  MUT_RERUN_KEEPS_RUN_AFTER
+ * and, with LIMIT, defects a claim of a limited kind must not have:
+ *   MUT_LIMIT_NO_LOCK  MUT_LIMIT_LOCK_EARLY_RELEASE  MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
+ *   MUT_LIMIT_PLAIN_CLAIM
  */
 
 #ifdef BATCH
@@ -112,11 +137,30 @@ init {
 #endif
 #define LEASE 2         /* lease, in clock ticks */
 #define INF 3           /* claimed_until = 'infinity' */
-#define NR 2            /* row slots */
-#ifndef NT
-#define NT 2            /* triggers the application sends (at most 7) */
+#ifndef NW
+#define NW 2            /* runtimes */
 #endif
-#define APP 3           /* lock owner: the application's transaction */
+#ifdef LIMIT
+#ifdef OLDTX
+#error "LIMIT models the current protocol: no OLDTX mutation"
+#endif
+#ifndef LIMN
+#define LIMN 1          /* the kind's global concurrency limit */
+#endif
+#ifndef NU
+#define NU 1            /* unkeyed rows (1 to 3), in the slots after the key's two */
+#endif
+#define NR (2 + NU)     /* row slots */
+#else
+#if NW != 2
+#error "a third runtime only with LIMIT"
+#endif
+#define NR 2            /* row slots */
+#endif
+#ifndef NT
+#define NT 2            /* triggers the application sends (NT + NU at most 7) */
+#endif
+#define APP (NW + 1)    /* lock owner: the application's transaction */
 
 /* row states; FREE is a slot with no row, INS a row inserted by a transaction that
    has not committed (invisible to everyone else) */
@@ -138,7 +182,7 @@ typedef Row {
     bit rd;             /* rerun_after > now() */
     byte tok;           /* claimed_by: the runtime (1, 2) whose claim it is */
     byte ls;            /* claimed_until, relative */
-    byte lock;          /* row lock held by a transaction: 0, runtime 1/2, APP */
+    byte lock;          /* row lock held by a transaction: 0, runtime r + 1, APP */
     byte gc;            /* ghost: claims since the trigger's attempt budget was given */
 };
 Row row[NR];
@@ -150,11 +194,11 @@ Row row[NR];
 #define WAITC  3        /* the handler returned Ok; the completion waits in the completer */
 #define FAILW  4        /* a failed attempt waits to be written (FAIL) */
 #define ORPHAN 5        /* old transaction mode: the session died, the handler runs on */
-byte ph[2];             /* phase */
-byte sr[2];             /* the claimed row */
-byte sg[2];             /* the payload (trigger number) the run saw */
-bit pr[2];              /* its success is promised (Ok, waiting for the completer) */
-bit dr[2];              /* its fenced transaction was dropped */
+byte ph[NW];            /* phase */
+byte sr[NW];            /* the claimed row */
+byte sg[NW];            /* the payload (trigger number) the run saw */
+bit pr[NW];             /* its success is promised (Ok, waiting for the completer) */
+bit dr[NW];             /* its fenced transaction was dropped */
 
 /* ghost state for the properties, as bit sets over trigger numbers 1..NT */
 byte written;           /* result writes committed (fenced or transaction mode) */
@@ -176,6 +220,18 @@ byte lb;                /* bits of `fl` that runtime r's next claim looks back o
                            writer having ended (b) */
 bit ad;                 /* that statement's delay: its run_after = now() + ad */
 bit skipped;            /* ghost: a claim left a claimable row behind its floor (P7) */
+
+#ifdef LIMIT
+/* the kind's advisory lock (LIMIT_LOCK), and each runtime's limited claim transaction */
+byte lk;                /* 0: free, else runtime r + 1, whose transaction holds it */
+#define LOCKED  1       /* LIMIT_LOCK granted, CLAIM_LIMITED not yet run */
+#define TAKEN   2       /* CLAIM_LIMITED took row sr[r] (locked, uncommitted), COMMIT next */
+#define SNAP    3       /* MUT_LIMIT_SNAPSHOT_BEFORE_LOCK: the snapshot taken, the lock awaited */
+byte lt[NW];            /* runtime r's limited claim: 0 (none), LOCKED, TAKEN, SNAP */
+#ifdef MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
+bit rm[NW];             /* the room its early snapshot saw */
+#endif
+#endif
 
 #define FB(r, i)        (1 << ((r) * NR + (i)))
 #define behind(r, i)    ((fl & FB(r, i)) != 0)
@@ -360,7 +416,7 @@ inline write_fail(r, perm) {
    out. Such claims are made for a runtime's other slots too (not modelled), so they
    may run in any phase. */
 #define app_row         (row[0].lock == APP || row[1].lock == APP)
-#if defined(HOLDBACK) && !defined(MUT_FLOOR_BLIND_TO_WRITERS)
+#if (defined(HOLDBACK) && !defined(MUT_FLOOR_BLIND_TO_WRITERS)) || defined(LIMIT)
 #define passes_new(r)   false
 #else
 #define passes_new(r)   (app_row && ad == 0 && (fn & BIT(r)) == 0)
@@ -386,6 +442,66 @@ inline write_fail(r, perm) {
 #endif
 #define passes_mark(r, i) (row[i].st == RUNNING && row[i].rr && row[i].rd == 0 && !behind(r, i))
 
+/* ---------------------------------- global limit ---------------------------------- */
+
+#ifdef LIMIT
+/* UNKEYED(M): M(i) for each unkeyed row slot i (the slots after the key's two), for
+   steps; UNKEYED_X the same, for expressions (which steps made by UNKEYED contain:
+   the preprocessor does not expand a macro inside itself) */
+#if NU == 1
+#define UNKEYED(M)      M(2)
+#define UNKEYED_X(M)    M(2)
+#elif NU == 2
+#define UNKEYED(M)      M(2) M(3)
+#define UNKEYED_X(M)    M(2) M(3)
+#elif NU == 3
+#define UNKEYED(M)      M(2) M(3) M(4)
+#define UNKEYED_X(M)    M(2) M(3) M(4)
+#else
+#error "NU is 1, 2 or 3"
+#endif
+#define isrun(i)        (row[i].st == RUNNING -> 1 : 0)
+#define PLUS_RUN(i)     + isrun(i)
+#define OR_CLAIMABLE(i) || claimable(i)
+#define nrun            (isrun(0) + isrun(1) UNKEYED_X(PLUS_RUN))
+#define anyclaimable    (claimable(0) || claimable(1) UNKEYED_X(OR_CLAIMABLE))
+/* P8: at most LIMN rows of the kind running, in every state */
+#define p8              (nrun <= LIMN)
+
+/* CLAIM_LIMITED's room: the limit less the rows running in its snapshot. The snapshot
+   is taken when the statement starts, after LIMIT_LOCK was granted; every other
+   limited claim then has either committed (its rows are counted) or not yet got the
+   lock. A claim of another runtime taken but not committed (TAKEN) is pending to it. */
+#define room_now        (nrun < LIMN)
+#ifdef MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
+#define room(r)         (rm[r])
+#else
+#define room(r)         room_now
+#endif
+
+/* the end of runtime r's limited claim transaction (COMMIT, or a rollback): the
+   advisory lock goes with it; the row it took, if any, is unlocked by the caller */
+inline limit_end(r) {
+    if
+    :: lk == r + 1 -> lk = 0
+    :: else -> skip
+    fi;
+    lt[r] = 0
+}
+
+/* CLAIM_LIMITED takes row i: locks it (FOR NO KEY UPDATE SKIP LOCKED) and writes it
+   running, which no one else sees until the COMMIT: here the row stays pending and
+   locked, and the COMMIT applies CLAIM's write */
+inline CLAIM_LIMITED(r, i) {
+    row[i].lock = r + 1; sr[r] = i; lt[r] = TAKEN;
+#ifdef MUT_LIMIT_LOCK_EARLY_RELEASE
+    lk = 0                                      /* the lock let go before the COMMIT */
+#else
+    skip
+#endif
+}
+#endif
+
 /* ------------------------------------ actors ------------------------------------ */
 
 /* a runtime's producer, handler and completer, over its one claim slot */
@@ -393,6 +509,7 @@ proctype Worker(byte r)
 {
 end:
     do
+#ifndef LIMIT
     /* producer: a claim with the runtime's slot free, from its floors */
     :: d_step { ph[r] == IDLE && (claimable(0) || claimable(1)) ->
             look_back(r);
@@ -405,6 +522,49 @@ end:
     :: d_step { passes_mark(r, 0) || passes_locked(r, 0) -> fl = fl | FB(r, 0) }
     :: d_step { passes_mark(r, 1) || passes_locked(r, 1) -> fl = fl | FB(r, 1) }
     :: d_step { passes_new(r) -> fn = fn | BIT(r) }
+#else /* LIMIT */
+    /* producer, for a kind with a global limit: BEGIN; LIMIT_LOCK; CLAIM_LIMITED;
+       COMMIT, with the runtime's slot free (its one slot: min(free, room) is 1 or 0).
+       The claim order (priority, run_after, id) is not modelled: it takes any claimable
+       row. The ordinary CLAIM never takes the kind's rows. */
+#ifndef MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
+    /* LIMIT_LOCK: waits while another transaction holds the kind's lock */
+    :: d_step { ph[r] == IDLE && lt[r] == 0 && anyclaimable &&
+#ifndef MUT_LIMIT_NO_LOCK
+                lk == 0 -> lk = r + 1;
+#else
+                true ->                         /* no lock: nothing serializes the claims */
+#endif
+                lt[r] = LOCKED }
+#else
+    /* the count's snapshot is taken before the lock is granted (the transaction's
+       snapshot under REPEATABLE READ, taken at its first statement, LIMIT_LOCK, before
+       it waits; or the lock taken inside the claim's own statement) */
+    :: d_step { ph[r] == IDLE && lt[r] == 0 && anyclaimable -> rm[r] = room_now; lt[r] = SNAP }
+    :: d_step { lt[r] == SNAP && lk == 0 -> lk = r + 1; lt[r] = LOCKED }
+#endif
+    /* CLAIM_LIMITED: room = LIMN less the rows running in its snapshot; takes one
+       claimable row if there is room (SKIP LOCKED: a row another transaction holds,
+       e.g. one another claim took and has not committed, is passed) */
+#define TAKE_STEP(i)    :: d_step { lt[r] == LOCKED && room(r) && claimable(i) -> CLAIM_LIMITED(r, i) }
+    TAKE_STEP(0)
+    TAKE_STEP(1)
+    UNKEYED(TAKE_STEP)
+    /* ... or takes nothing (the kind is at its limit, or nothing is claimable any
+       more), and COMMIT */
+    :: d_step { lt[r] == LOCKED && (!room(r) || !anyclaimable) -> limit_end(r) }
+    /* COMMIT: the row becomes running (CLAIM's write: fresh token, lease, attempt
+       counted) and the lock is released, in one instant */
+    :: d_step { lt[r] == TAKEN -> row[sr[r]].lock = 0; limit_end(r); CLAIM(r, sr[r]) }
+#ifdef MUT_LIMIT_PLAIN_CLAIM
+    /* the last runtime does not know that the kind is limited (it has not read the
+       operator's limit yet) and claims it with CLAIM */
+#define PLAIN_STEP(i)   :: d_step { r == NW - 1 && ph[r] == IDLE && lt[r] == 0 && claimable(i) -> CLAIM(r, i) }
+    PLAIN_STEP(0)
+    PLAIN_STEP(1)
+    UNKEYED(PLAIN_STEP)
+#endif
+#endif /* LIMIT */
 
 #ifdef OLDTX
 #ifndef POISON
@@ -535,10 +695,18 @@ end:
     :: d_step { probed(1, 1) -> fl = fl & ~FB(1, 1) }
     :: d_step { rescuable(0) -> RESCUE(0) }
     :: d_step { rescuable(1) -> RESCUE(1) }
+#ifdef LIMIT
+#define RESCUE_STEP(i)  :: d_step { rescuable(i) -> RESCUE(i) }
+    UNKEYED(RESCUE_STEP)
+#endif
     /* PRUNE_FAILED_BATCH: a failed row past its retention (any failed row: age is not
        modelled), SKIP LOCKED */
     :: d_step { row[0].st == FAILED && row[0].lock == 0 -> clear_row(0) }
     :: d_step { row[1].st == FAILED && row[1].lock == 0 -> clear_row(1) }
+#ifdef LIMIT
+#define PRUNE_STEP(i)   :: d_step { row[i].st == FAILED && row[i].lock == 0 -> clear_row(i) }
+    UNKEYED(PRUNE_STEP)
+#endif
     od
 }
 
@@ -618,6 +786,12 @@ end:
             row[0].st = PENDING; row[0].ra = 0; fresh(0); fresh_ra(0); retried = 1 }
     :: d_step { !retried && row[1].st == FAILED && !live(0) && row[0].st != INS ->
             row[1].st = PENDING; row[1].ra = 0; fresh(1); fresh_ra(1); retried = 1 }
+#ifdef LIMIT
+    /* an unkeyed row has no key to check */
+#define RETRY_STEP(i)   :: d_step { !retried && row[i].st == FAILED -> \
+            row[i].st = PENDING; row[i].ra = 0; fresh(i); fresh_ra(i); retried = 1 }
+    UNKEYED(RETRY_STEP)
+#endif
 #ifndef POISON
     /* CANCEL: a pending or running row becomes `cancelled` (waits for its lock). A
        cancelled row is read by no statement of the protocol (no claim, renewal,
@@ -629,10 +803,19 @@ end:
             fate = fate | BIT(row[0].gen); clear_row(0); cancelled = 1 }
     :: d_step { !cancelled && (row[1].st == PENDING || row[1].st == RUNNING) && row[1].lock == 0 ->
             fate = fate | BIT(row[1].gen); clear_row(1); cancelled = 1 }
+#ifdef LIMIT
+#define CANCEL_STEP(i)  :: d_step { !cancelled && live(i) && row[i].lock == 0 -> \
+            fate = fate | BIT(row[i].gen); clear_row(i); cancelled = 1 }
+    UNKEYED(CANCEL_STEP)
+#endif
 #endif
     /* DISCARD: delete a failed row */
     :: d_step { !discarded && row[0].st == FAILED -> clear_row(0); discarded = 1 }
     :: d_step { !discarded && row[1].st == FAILED -> clear_row(1); discarded = 1 }
+#ifdef LIMIT
+#define DISCARD_STEP(i) :: d_step { !discarded && row[i].st == FAILED -> clear_row(i); discarded = 1 }
+    UNKEYED(DISCARD_STEP)
+#endif
     /* or stops: weak fairness must not force an operator's action */
     :: break
     od
@@ -657,6 +840,14 @@ inline crash(r) {
     fi;
     /* it starts again with no floors */
     fl = fl & ~rtfl(r); fn = fn & ~BIT(r); lb = lb & ~rtfl(r);
+#ifdef LIMIT
+    /* its limited claim rolls back (the row it took was unlocked above): the rows stay
+       pending, the lock is released */
+    limit_end(r);
+#ifdef MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
+    rm[r] = 0;
+#endif
+#endif
     clear_slot(r)
 }
 
@@ -664,9 +855,20 @@ inline crash(r) {
 #ifdef OLDTX
 #define has_tx(r)   (ph[r] == RUN)
 #elif defined(TXMODE)
-#define has_tx(r)   (ph[r] == RUN || ph[r] == FENCED)
+#define has_tx0(r)  (ph[r] == RUN || ph[r] == FENCED)
 #else
-#define has_tx(r)   (ph[r] == FENCED)
+#define has_tx0(r)  (ph[r] == FENCED)
+#endif
+#ifndef OLDTX
+#ifdef LIMIT
+#define has_tx(r)   (has_tx0(r) || lt[r] != 0)  /* or its limited claim's transaction */
+#define busy(r)     (ph[r] != IDLE || lt[r] != 0)
+#else
+#define has_tx(r)   has_tx0(r)
+#endif
+#endif
+#ifndef busy
+#define busy(r)     (ph[r] != IDLE)
 #endif
 inline cut(r) {
 #ifdef OLDTX
@@ -674,11 +876,30 @@ inline cut(r) {
     row[sr[r]].lock = 0; row[sr[r]].st = PENDING; row[sr[r]].att--;
     row[sr[r]].tok = 0; row[sr[r]].ls = 0; ph[r] = ORPHAN
 #else
+#ifdef LIMIT
+    if
+    :: lt[r] != 0 ->
+        /* its limited claim rolls back: the row it took stays pending, the lock is
+           released; the runtime claims again later */
+        if
+        :: lt[r] == TAKEN -> row[sr[r]].lock = 0
+        :: else -> skip
+        fi;
+        limit_end(r); sr[r] = 0;
+#ifdef MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
+        rm[r] = 0;
+#endif
+        skip
+    :: else ->
+#endif
     if
     :: row[sr[r]].lock == r + 1 -> row[sr[r]].lock = 0
     :: else -> skip
     fi;
     ph[r] = FAILW                               /* the handler sees an error */
+#ifdef LIMIT
+    fi
+#endif
 #endif
 }
 
@@ -686,10 +907,14 @@ active proctype Fault()
 {
 end:
     do
-    :: d_step { faults < MAXFAULT && ph[0] != IDLE -> faults++; crash(0) }
-    :: d_step { faults < MAXFAULT && ph[1] != IDLE -> faults++; crash(1) }
+    :: d_step { faults < MAXFAULT && busy(0) -> faults++; crash(0) }
+    :: d_step { faults < MAXFAULT && busy(1) -> faults++; crash(1) }
     :: d_step { faults < MAXFAULT && has_tx(0) -> faults++; cut(0) }
     :: d_step { faults < MAXFAULT && has_tx(1) -> faults++; cut(1) }
+#if NW > 2
+    :: d_step { faults < MAXFAULT && busy(2) -> faults++; crash(2) }
+    :: d_step { faults < MAXFAULT && has_tx(2) -> faults++; cut(2) }
+#endif
     /* or stops: weak fairness must not force a fault */
     :: break
     od
@@ -724,26 +949,61 @@ active proctype Clock()
 {
 end:
     do
+#ifndef LIMIT
     :: d_step { (timed(0) || timed(1)) && !due(0) && !due(1) -> tick(0); tick(1) }
+#else
+#define OR_TIMED(i)     || timed(i)
+#define TICK(i)         ; tick(i)
+#if NW == 2
+#define none_due        (!due(0) && !due(1))
+#else
+#define none_due        (!due(0) && !due(1) && !due(2))
+#endif
+    :: d_step { (timed(0) || timed(1) UNKEYED_X(OR_TIMED)) && none_due ->
+            tick(0); tick(1) UNKEYED(TICK) }
+#endif
     od
 }
 
 /* P3: at most one live row per (kind, key); P4: no row stays running with no claim
    able to finish it and no lease able to expire */
-#define held(i)     ((row[i].tok == 1 && ph[0] != IDLE && ph[0] != ORPHAN && sr[0] == i) || \
-                     (row[i].tok == 2 && ph[1] != IDLE && ph[1] != ORPHAN && sr[1] == i))
+#define holds(r, i)  (row[i].tok == (r) + 1 && ph[r] != IDLE && ph[r] != ORPHAN && sr[r] == i)
+#if NW == 2
+#define held(i)     (holds(0, i) || holds(1, i))
+#else
+#define held(i)     (holds(0, i) || holds(1, i) || holds(2, i))
+#endif
 #define p3          (!(live(0) && live(1)))
-#define p4          (!(row[0].st == RUNNING && row[0].ls == INF && !held(0)) && \
-                     !(row[1].st == RUNNING && row[1].ls == INF && !held(1)))
+#define stuck(i)    (row[i].st == RUNNING && row[i].ls == INF && !held(i))
+#ifndef LIMIT
+#define p4          (!stuck(0) && !stuck(1))
+#else
+#define AND_UNSTUCK(i)  && !stuck(i)
+#define p4          (!stuck(0) && !stuck(1) UNKEYED_X(AND_UNSTUCK))
+#endif
 active proctype Monitor()
 {
 end:
+#ifndef LIMIT
     atomic { !(p3 && p4) -> assert(false) }
+#else
+    /* and P8: at most LIMN rows of the kind running */
+    atomic { !(p3 && p4 && p8) -> assert(p3 && p4); assert(p8) }
+#endif
 }
 
 init {
     atomic {
+#ifdef LIMIT
+        /* the unkeyed rows, committed pending and due before the runtimes start; their
+           payloads are the numbers after the triggers' */
+#define UNKEYED_ROW(i)  row[i].st = PENDING; row[i].gen = NT + (i) - 1;
+        UNKEYED(UNKEYED_ROW)
+#endif
         run Worker(0); run Worker(1); run Heartbeat(0); run Heartbeat(1)
+#if NW > 2
+        ; run Worker(2); run Heartbeat(2)
+#endif
     }
 }
 
@@ -751,10 +1011,19 @@ init {
 /* P2: after the application's last trigger, a run that saw it commits its results or
    completes (or the job ends failed, or the operator cancelled it). Under POISON, P5:
    the last trigger's job ends failed. */
-#ifdef POISON
-#define settled     (appdone && (last == 0 || (failedg & BIT(last)) != 0))
+#ifdef LIMIT
+/* and, with LIMIT, the unkeyed rows' payloads too: no row is held back by the limit
+   forever */
+#define UNK_BIT(i)  | BIT(NT + (i) - 1)
+#define UNK         (0 UNKEYED_X(UNK_BIT))
+#define and_unkeyed(set)    && ((set) & UNK) == UNK
 #else
-#define settled     (appdone && (last == 0 || (fate & BIT(last)) != 0))
+#define and_unkeyed(set)
+#endif
+#ifdef POISON
+#define settled     (appdone && (last == 0 || (failedg & BIT(last)) != 0) and_unkeyed(failedg))
+#else
+#define settled     (appdone && (last == 0 || (fate & BIT(last)) != 0) and_unkeyed(fate))
 #endif
 ltl p2 { <> settled }
 #endif

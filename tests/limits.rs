@@ -121,6 +121,20 @@ async fn rated(_job: Rated, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.rr", global_concurrency = 3)]
+struct Rr {
+    ms: u64,
+}
+
+static RR: Gauge = Gauge::new();
+
+#[jobs::handler]
+async fn rr(job: Rr, _ctx: JobContext) -> Result<(), JobError> {
+    RR.run_for(job.ms).await;
+    Ok(())
+}
+
 /// A pool of its own for each runtime, as separate processes would have.
 async fn own_pool(pool: &PgPool) -> PgPool {
     PgPoolOptions::new()
@@ -394,4 +408,44 @@ async fn no_window_of_the_rates_length_holds_more_starts_than_it_allows(pool: Pg
             .count();
         assert!(within <= 10, "{within} starts within 450 ms of start {i}");
     }
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_limit_holds_when_the_databases_default_isolation_is_repeatable_read(pool: PgPool) {
+    // At REPEATABLE READ a transaction's snapshot is its first statement's: taken
+    // before the kind's lock was granted, it would miss the claims committed while
+    // the claim waited for the lock.
+    sqlx::query(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = %L', current_database(), 'repeatable read'); END $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut batch = EnqueueBatch::new();
+    for i in 0..300u64 {
+        batch.push(&Rr { ms: i % 3 }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let (watch, stop) = watch_running(&pool, "limits.rr");
+    let mut runtimes = Vec::new();
+    for _ in 0..4 {
+        let own = own_pool(&pool).await;
+        let isolation: String = sqlx::query_scalar("SHOW default_transaction_isolation")
+            .fetch_one(&own)
+            .await
+            .unwrap();
+        assert_eq!(isolation, "repeatable read");
+        runtimes.push(Running::start(runtime(&own, &["limits.rr"])));
+    }
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.rr").await == 0
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let most_in_db = watch.await.unwrap();
+    for rt in runtimes {
+        rt.stop().await;
+    }
+    assert!(most_in_db <= 3, "{most_in_db} running at once in the table");
+    assert!(RR.most() <= 3, "{} handlers at once", RR.most());
 }

@@ -533,6 +533,11 @@ pub(crate) const LIMIT_LOCK_WAIT: &str = "250ms";
 /// window. No window of that length then holds more starts than the rate, counted at
 /// the claims (a handler starts a moment after its claim).
 ///
+/// The lease runs from `statement_timestamp()`: `now()` is the transaction's start,
+/// before the wait for the lock. The transaction is READ COMMITTED whatever the role's
+/// default (`global::claim`): at REPEATABLE READ its snapshot would date from the
+/// lock's statement, taken before the lock was granted.
+///
 /// Each kind's jobs are taken as [`CLAIM`] takes them (by priority, then `run_after,
 /// id`), from the start of each range: these claims are few (the limits bound them),
 /// so they keep no floors. Returns the claimed rows, with the columns of [`CLAIM`]
@@ -578,7 +583,7 @@ claimed AS (
         attempts = j.attempts + 1,
         claimed_by = gen_random_uuid(),
         runtime_id = $5,
-        claimed_until = now()
+        claimed_until = statement_timestamp()
             + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
     WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text AS payload,

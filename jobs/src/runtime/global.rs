@@ -149,7 +149,11 @@ pub(super) async fn claim(
         .iter()
         .map(|(_, _, l)| l.rate.map(|r| millis(r.per).max(1)))
         .collect();
-    let mut tx = sqlx::Acquire::begin(&mut **conn).await?;
+    // READ COMMITTED whatever the role's default: at REPEATABLE READ the claim would
+    // count in the snapshot of the transaction's first statement, taken before the
+    // lock was granted, and two claimers could both count the same free share.
+    let mut tx =
+        sqlx::Connection::begin_with(&mut **conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
     crate::pooler::query(sql::LIMIT_LOCK)
         .bind(&kinds)
         .bind(sql::LIMIT_LOCK_CLASS)

@@ -8,7 +8,15 @@
 //!
 //! 1. **No room**: every slot, and every claim allowed ahead of a slot, is held: wait
 //!    for a claim to end.
-//! 2. **Idle**: the last claim took less than it asked for, so nothing more is waiting.
+//! 2. **Limited kinds**: a kind with a limit across runtimes (a global concurrency, a
+//!    rate) that has room and is not quiet, or that a notification named, is claimed at
+//!    once in a transaction of its own (`super::global`), without the wait for a batch
+//!    (the limit bounds what it takes). A kind its limit cut waits aside (`at_limit`)
+//!    until a notification names it (one of its jobs ended: the runtime that ends one
+//!    claims the share first, and tells the others only of what it leaves), or its
+//!    rate's window has room, or a poll interval has passed. The other steps never
+//!    ask for such a kind.
+//! 3. **Idle**: the last claim took less than it asked for, so nothing more is waiting.
 //!    Ask the database when the next scheduled job of these kinds is due
 //!    ([`sql::NEXT_DUE`]), then sleep until that moment, a notification (an enqueue
 //!    somewhere, `listener`), the poll interval, or the probe's answer; and just after a
@@ -16,10 +24,10 @@
 //!    notification per kind every few milliseconds. While another transaction holds a
 //!    write or row lock on the job table, sleep `WRITERS_POLL` at most: it may commit a
 //!    job (or free a locked one) without a notification.
-//! 3. **Gather**: work is waiting but some capacity is taken: give running handlers a
+//! 4. **Gather**: work is waiting but some capacity is taken: give running handlers a
 //!    moment (`BATCH_WINDOW`) to free more, so that the claim fetches a batch instead of
 //!    a job or two.
-//! 4. **Claim**: one statement for the kinds with room ([`sql::CLAIM`]). When their
+//! 5. **Claim**: one statement for the kinds with room ([`sql::CLAIM`]). When their
 //!    limits add up to more than the free capacity, the claim is shared among them: in
 //!    the runtime, in equal shares, while every kind's last claim took jobs of one
 //!    priority, the same for all, or after a split claim that came back short;

@@ -52,6 +52,11 @@ pub(super) async fn run(shared: Arc<Shared>, every: Duration) {
             Ok(rows) => {
                 for (id, kind, state) in &rows {
                     tracing::info!(job.id = id, job.kind = %kind, new_state = %state, "took back an expired claim");
+                    // A dead runtime's share of a limited kind is free again: claim it
+                    // now rather than at the poll (`global`).
+                    if let Some((&kind, _)) = shared.handlers.get_key_value(kind.as_str()) {
+                        shared.ended_run(kind);
+                    }
                 }
                 shared.wake.notify_one();
             }
