@@ -96,17 +96,28 @@ impl From<sqlx::Error> for Error {
         }
         if let sqlx::Error::Database(db) = &e
             && db.code().as_deref() == Some("42P01")
-            && db.message().contains("\"jobs_paused\"")
+            && let Some(table) = LATER_TABLES
+                .iter()
+                .find(|t| db.message().contains(&format!("\"{t}\"")))
         {
-            return Error::Schema(
+            return Error::Schema(format!(
                 "the job table in the database this connection uses is older than this library \
-                 (it has no `jobs_paused`): upgrade it with `jobs::migrate(&pool)` or `jobsctl migrate`"
-                    .to_owned(),
-            );
+                 (it has no `{table}`): upgrade it with `jobs::migrate(&pool)` or `jobsctl migrate`"
+            ));
         }
         Error::Database(e)
     }
 }
+
+/// The tables that migrations after the first add: a database that lacks one is older
+/// than this library.
+const LATER_TABLES: &[&str] = &[
+    "jobs_paused",
+    "jobs_runtimes",
+    "jobs_throughput",
+    "jobs_limits",
+    "jobs_starts",
+];
 
 /// Whether `e` says that the job table (or the migrations' history) does not exist.
 pub(crate) fn is_missing_job_table(e: &sqlx::Error) -> bool {

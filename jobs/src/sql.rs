@@ -303,6 +303,34 @@ macro_rules! locking_scan {
     };
 }
 
+/// The update that claims the rows of the CTE `picked` (`wanted` gives each kind's
+/// lease): the CTE `claimed`, with the columns every claim returns. `$runtime` is the
+/// parameter of the claiming runtime's id, `$from` the time the lease runs from.
+macro_rules! claimed {
+    ($runtime:literal, $from:literal) => {
+        concat!(
+            r#"claimed AS (
+    UPDATE jobs j SET
+        state = 'running',
+        attempts = j.attempts + 1,
+        claimed_by = gen_random_uuid(),
+        runtime_id = "#,
+            $runtime,
+            r#",
+        claimed_until = "#,
+            $from,
+            r#"
+            + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
+    WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text AS payload,
+              extract(epoch FROM now() - j.run_after)::float8 AS waited,
+              extract(epoch FROM j.run_after)::float8 AS run_after,
+              j.priority
+)"#
+        )
+    };
+}
+
 /// What both claims share after their CTE `picked` (`id, run_after, priority, ord` of
 /// each row locked): the rows the scans passed without taking them, the snapshot's
 /// writers, and the update.
@@ -399,20 +427,9 @@ writers AS MATERIALIZED (
                             AND r.locktype = 'relation')) AS waiting
     FROM snap sn
 ),
-claimed AS (
-    UPDATE jobs j SET
-        state = 'running',
-        attempts = j.attempts + 1,
-        claimed_by = gen_random_uuid(),
-        runtime_id = $6,
-        claimed_until = now()
-            + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
-    WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
-    RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text AS payload,
-              extract(epoch FROM now() - j.run_after)::float8 AS waited,
-              extract(epoch FROM j.run_after)::float8 AS run_after,
-              j.priority
-)
+"#,
+            claimed!("$6", "now()"),
+            r#"
 SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
        c.run_after, c.priority,
        (SELECT extract(epoch FROM p.first)::float8 FROM passed p
@@ -577,20 +594,9 @@ picked AS MATERIALIZED (
     locking_scan!("w.n"),
     r#"
 ),
-claimed AS (
-    UPDATE jobs j SET
-        state = 'running',
-        attempts = j.attempts + 1,
-        claimed_by = gen_random_uuid(),
-        runtime_id = $5,
-        claimed_until = statement_timestamp()
-            + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
-    WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
-    RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text AS payload,
-              extract(epoch FROM now() - j.run_after)::float8 AS waited,
-              extract(epoch FROM j.run_after)::float8 AS run_after,
-              j.priority
-),
+"#,
+    claimed!("$5", "statement_timestamp()"),
+    r#",
 logged AS (
     INSERT INTO jobs_starts (kind, at, n)
     SELECT w.kind, statement_timestamp(), count(*)

@@ -36,8 +36,10 @@ pub(super) struct ClaimRow {
     pub(super) since: Option<f64>,
 }
 
-impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for ClaimRow {
-    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+impl ClaimRow {
+    /// The job's own columns of a claim's row (the CTE `claimed` of every claim), without
+    /// the floors'.
+    pub(super) fn job(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
         use sqlx::Row;
         Ok(ClaimRow {
             id: row.try_get("id")?,
@@ -49,12 +51,27 @@ impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for ClaimRow {
             waited: row.try_get("waited")?,
             run_after: row.try_get("run_after")?,
             priority: row.try_get("priority")?,
+            held_back: None,
+            at: None,
+            xmax: None,
+            writers: None,
+            waiting: None,
+            since: None,
+        })
+    }
+}
+
+impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for ClaimRow {
+    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        Ok(ClaimRow {
             held_back: row.try_get("held_back")?,
             at: row.try_get("at")?,
             xmax: row.try_get("xmax")?,
             writers: row.try_get("writers")?,
             waiting: row.try_get("waiting")?,
             since: row.try_get("since")?,
+            ..ClaimRow::job(row)?
         })
     }
 }

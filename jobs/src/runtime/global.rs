@@ -100,23 +100,7 @@ impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
             Some(_) => return Ok(LimitedRow::Spare(row.try_get("kind")?)),
             None => {}
         }
-        Ok(LimitedRow::Job(ClaimRow {
-            id: row.try_get("id")?,
-            kind: row.try_get("kind")?,
-            attempts: row.try_get("attempts")?,
-            max_attempts: row.try_get("max_attempts")?,
-            claimed_by: row.try_get("claimed_by")?,
-            payload: row.try_get("payload")?,
-            waited: row.try_get("waited")?,
-            run_after: row.try_get("run_after")?,
-            priority: row.try_get("priority")?,
-            held_back: None,
-            at: None,
-            xmax: None,
-            writers: None,
-            waiting: None,
-            since: None,
-        }))
+        Ok(LimitedRow::Job(ClaimRow::job(row)?))
     }
 }
 
