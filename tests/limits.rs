@@ -449,3 +449,164 @@ async fn the_limit_holds_when_the_databases_default_isolation_is_repeatable_read
     assert!(most_in_db <= 3, "{most_in_db} running at once in the table");
     assert!(RR.most() <= 3, "{} handlers at once", RR.most());
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.procs", global_concurrency = 3, lease = "1s")]
+struct Procs {
+    ms: u64,
+}
+
+/// Records the handler's start, on the database clock, then its end in a fenced
+/// transaction: an end that commits proves its claim was never taken over, so the
+/// job's row was `running` under this claim from before the start to the end.
+#[jobs::handler]
+async fn procs(job: Procs, ctx: JobContext) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO limits_runs (token, started) VALUES ($1, clock_timestamp())")
+        .bind(ctx.claim_token())
+        .execute(ctx.pool())
+        .await?;
+    tokio::time::sleep(Duration::from_millis(job.ms)).await;
+    let mut tx = ctx.fenced_tx().await?;
+    sqlx::query(
+        "INSERT INTO limits_results (job_id, token, ended) VALUES ($1, $2, clock_timestamp())",
+    )
+    .bind(ctx.id())
+    .bind(ctx.claim_token())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+/// The environment variable that makes [`limits_child`] a runtime process, with its
+/// database's URL.
+const CHILD_ENV: &str = "JOBS_LIMITS_CHILD_URL";
+
+/// Not a test on its own: the body of a runtime process of
+/// `a_limit_holds_across_processes_killed_and_cut`.
+#[tokio::test]
+async fn limits_child() {
+    let Ok(url) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    // Few connections: four of these run beside the suite's other tests, on a server
+    // that allows 100 (the runtime opens 6 of its own besides).
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&url)
+        .await
+        .expect("the child's database");
+    jobs::Runtime::new(pool)
+        .kinds(["limits.procs"])
+        .concurrency(10)
+        .poll_interval(Duration::from_millis(200))
+        .rescue_interval(Duration::from_millis(250))
+        .run()
+        .await
+        .expect("the child's runtime ends cleanly");
+}
+
+fn spawn_child(url: &str) -> tokio::process::Child {
+    tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "limits_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_limit_holds_across_processes_killed_and_cut(pool: PgPool) {
+    sqlx::query("CREATE TABLE limits_runs (token uuid PRIMARY KEY, started timestamptz)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE limits_results (job_id bigint PRIMARY KEY, token uuid, ended timestamptz)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut batch = EnqueueBatch::new();
+    for i in 0..300u64 {
+        batch
+            .push(&Procs {
+                ms: 1 + (i * 7) % 20,
+            })
+            .unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let options = pool.connect_options();
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let url = format!(
+        "postgres://{}@{}:{}/{db}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port()
+    );
+    let (watch, stop) = watch_running(&pool, "limits.procs");
+    let mut children: Vec<_> = (0..4).map(|_| spawn_child(&url)).collect();
+    // Eight kills of a runtime process (SIGKILL: its claims stay until their lease
+    // runs out, 1 s) and one cut of a session, 400 ms apart, while the jobs run.
+    for round in 0..9u64 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        if round == 4 {
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()
+                 ORDER BY backend_start DESC LIMIT 1",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            continue;
+        }
+        let victim = usize::try_from(round * 5 % 4).unwrap();
+        let _ = children[victim].start_kill();
+        let _ = children[victim].wait().await;
+        children[victim] = spawn_child(&url);
+    }
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.procs").await == 0
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let most_in_db = watch.await.unwrap();
+    for mut child in children {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+    assert!(most_in_db <= 3, "{most_in_db} running at once in the table");
+    // Every job's one committed end, and the most handlers between a start and a
+    // committed end at any instant (each start and each end an event, in time order;
+    // at the same instant, ends first).
+    let done: i64 = sqlx::query_scalar("SELECT count(*) FROM limits_results")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(done, 300);
+    let most: i64 = sqlx::query_scalar(
+        "SELECT max(n) FROM (
+             SELECT sum(d) OVER (ORDER BY at, d ROWS UNBOUNDED PRECEDING) AS n FROM (
+                 SELECT r.started AS at, 1 AS d FROM limits_runs r JOIN limits_results x USING (token)
+                 UNION ALL
+                 SELECT x.ended, -1 FROM limits_results x
+             ) e
+         ) m",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        most <= 3,
+        "{most} handlers at once between their start and their committed end"
+    );
+    assert!(
+        most >= 2,
+        "the processes ran the kind side by side ({most} at most)"
+    );
+}
