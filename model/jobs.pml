@@ -59,6 +59,7 @@
 /* statements writing outside the modelled rows, not modelled: ENQUEUE_ONE_UNKEYED ENQUEUE_UNKEYED ARM_PERIODIC PRUNE_BATCH PRUNE_CANCELLED_BATCH THROUGHPUT_ADD THROUGHPUT_PRUNE PAUSE RESUME RUNTIME_SEEN RUNTIME_GONE RUNTIMES_STALE NOTIFY_FREED SET_LIMITS CLEAR_LIMITS */
 /* statements writing only a column the protocol never reads, fenced, not modelled: CHECKPOINT */
 /* statements of the testing helpers, not modelled (a CLAIM of one row by id, run-afters moved to now, a read): CLAIM_ID MAKE_DUE FAILED_SINCE */
+/* statements claiming a kind whose limit holds per partition, not modelled yet (P8 per partition): CLAIM_PARTITIONED */
 
 /*
  * Switches.

@@ -610,3 +610,109 @@ async fn a_limit_holds_across_processes_killed_and_cut(pool: PgPool) {
         "the processes ran the kind side by side ({most} at most)"
     );
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.tenant", global_concurrency = 1, partition = "tenant")]
+struct Tenant {
+    tenant: String,
+    ms: u64,
+}
+
+static TENANTS: std::sync::Mutex<Vec<(String, bool)>> = std::sync::Mutex::new(Vec::new());
+
+/// The most handlers of one tenant at once in this process, from the log of starts
+/// (true) and ends (false).
+fn most_per_tenant() -> usize {
+    let mut now: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut most = 0;
+    for (tenant, start) in TENANTS.lock().unwrap().iter() {
+        let n = now.entry(tenant.clone()).or_default();
+        if *start {
+            *n += 1;
+            most = most.max(*n);
+        } else {
+            *n -= 1;
+        }
+    }
+    most
+}
+
+#[jobs::handler]
+async fn tenant(job: Tenant, _ctx: JobContext) -> Result<(), JobError> {
+    TENANTS.lock().unwrap().push((job.tenant.clone(), true));
+    tokio::time::sleep(Duration::from_millis(job.ms)).await;
+    TENANTS.lock().unwrap().push((job.tenant, false));
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_partitions_limit_holds_per_value_and_a_backlog_holds_up_no_other(pool: PgPool) {
+    // Tenant `a`'s backlog first, then five jobs of each other tenant.
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..100 {
+        batch
+            .push(&Tenant {
+                tenant: "a".into(),
+                ms: 20,
+            })
+            .unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let mut batch = EnqueueBatch::new();
+    for t in ["b", "c", "d", "e"] {
+        for _ in 0..5 {
+            batch
+                .push(&Tenant {
+                    tenant: t.into(),
+                    ms: 5,
+                })
+                .unwrap();
+        }
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let mut runtimes = Vec::new();
+    for _ in 0..3 {
+        let own = own_pool(&pool).await;
+        runtimes.push(Running::start(runtime(&own, &["limits.tenant"])));
+    }
+    wait_until("the other tenants' jobs ran", || async {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE kind = 'limits.tenant' AND payload->>'tenant' <> 'a'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        left == 0
+    })
+    .await;
+    // Tenant `a` runs one at a time: most of its backlog is still there.
+    let a_left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobs WHERE kind = 'limits.tenant' AND payload->>'tenant' = 'a'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(a_left > 50, "{a_left} of tenant a's 100 jobs left");
+    for rt in runtimes {
+        rt.stop().await;
+    }
+    assert_eq!(most_per_tenant(), 1, "one job per tenant at once");
+    let tenants_at_once = {
+        let log = TENANTS.lock().unwrap();
+        let mut running = 0usize;
+        let mut most = 0;
+        for (_, start) in log.iter() {
+            if *start {
+                running += 1;
+                most = most.max(running);
+            } else {
+                running -= 1;
+            }
+        }
+        most
+    };
+    assert!(
+        tenants_at_once >= 2,
+        "tenants ran side by side ({tenants_at_once} at most)"
+    );
+}

@@ -40,6 +40,9 @@ pub(crate) struct JobAttr {
     pub global_concurrency: Option<u32>,
     /// `rate = "600/1m"`: the starts, and the window.
     pub rate: Option<(u32, Millis)>,
+    /// `partition = "tenant"` or `partition = ["tenant", "region"]`.
+    pub partition: Vec<LitStr>,
+    pub partition_span: Option<Span>,
     pub retain: Option<Millis>,
     pub every: Option<Millis>,
     pub every_span: Option<Span>,
@@ -62,6 +65,7 @@ const TIMEOUT: &str = "timeout";
 const CONCURRENCY: &str = "concurrency";
 const GLOBAL_CONCURRENCY: &str = "global_concurrency";
 const RATE: &str = "rate";
+const PARTITION: &str = "partition";
 const RETAIN: &str = "retain";
 const EVERY: &str = "every";
 const CRON: &str = "cron";
@@ -84,6 +88,10 @@ const EXAMPLES: &[(&str, &str)] = &[
     (CONCURRENCY, "concurrency = 4"),
     (GLOBAL_CONCURRENCY, "global_concurrency = 8"),
     (RATE, "rate = \"600/1m\""),
+    (
+        PARTITION,
+        "partition = \"tenant\" or partition = [\"tenant\", \"region\"]",
+    ),
     (RETAIN, "retain = \"7d\""),
     (EVERY, "every = \"10m\""),
     (CRON, "cron = \"0 3 * * *\""),
@@ -107,6 +115,7 @@ const KEYS: &[&str] = &[
     CONCURRENCY,
     GLOBAL_CONCURRENCY,
     RATE,
+    PARTITION,
     RETAIN,
     EVERY,
     CRON,
@@ -180,7 +189,7 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
                 // #[job(key = "session_id")] or #[job(key = ["tenant", "session_id"])]
                 KEY => {
                     out.key_span = Some(value.span());
-                    match key_fields(&value) {
+                    match key_fields(&value, KEY) {
                         Ok(fields) => out.key = fields,
                         Err(e) => errors.push(e),
                     }
@@ -247,6 +256,14 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
                     },
                     Err(e) => errors.push(e),
                 },
+                // #[job(partition = "tenant")] or #[job(partition = ["tenant", "region"])]
+                PARTITION => {
+                    out.partition_span = Some(value.span());
+                    match key_fields(&value, PARTITION) {
+                        Ok(fields) => out.partition = fields,
+                        Err(e) => errors.push(e),
+                    }
+                }
                 // #[job(retain = "7d")]
                 RETAIN => out.retain = duration(&value, RETAIN, errors),
                 // #[job(every = "10m")]
@@ -436,8 +453,8 @@ fn duration(value: &Expr, key: &str, errors: &mut Errors) -> Option<Millis> {
     }
 }
 
-fn key_fields(value: &Expr) -> syn::Result<Vec<LitStr>> {
-    let message = format!("expected a field name or a list of them: {}", example(KEY));
+fn key_fields(value: &Expr, key: &str) -> syn::Result<Vec<LitStr>> {
+    let message = format!("expected a field name or a list of them: {}", example(key));
     match value {
         Expr::Lit(ExprLit {
             lit: Lit::Str(s), ..

@@ -69,6 +69,45 @@ fn check_durations(attr: &JobAttr, errors: &mut Errors) {
     }
 }
 
+/// A partition splits a global concurrency, and names fields of the struct.
+fn check_partition(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) {
+    let Some(span) = attr.partition_span else {
+        return;
+    };
+    if attr.global_concurrency.is_none() {
+        errors.push(syn::Error::new(
+            span,
+            "`partition` splits a global concurrency: add global_concurrency = N (at most N running per partition)",
+        ));
+    }
+    if attr.rate.is_some() {
+        errors.push(syn::Error::new(
+            span,
+            "`partition` with a `rate` is not supported yet: the rate holds for the kind as a whole; remove one of them",
+        ));
+    }
+    let fields: Vec<String> = match &input.data {
+        Data::Struct(s) => s
+            .fields
+            .iter()
+            .filter_map(|f| f.ident.as_ref().map(ToString::to_string))
+            .collect(),
+        _ => Vec::new(),
+    };
+    for lit in &attr.partition {
+        if !fields.contains(&lit.value()) {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`partition` names no field: `{}` has no field `{}`",
+                    input.ident,
+                    lit.value()
+                ),
+            ));
+        }
+    }
+}
+
 /// Checks what parsing alone cannot: a kind is given, key fields exist, no generics.
 /// Returns the key fields, each with the span of the string in `key = ...` that names it.
 fn validate(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) -> Vec<(syn::Ident, Span)> {
@@ -109,6 +148,7 @@ fn validate(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) -> Vec<(sy
         ));
     }
     check_durations(attr, errors);
+    check_partition(input, attr, errors);
     let mut found = Vec::new();
     if attr.key.is_empty() {
         return found;
@@ -194,6 +234,10 @@ fn expand_impl(
     }
     if let Some(n) = attr.global_concurrency {
         config = quote!(#config.with_global_concurrency(#n));
+    }
+    if !attr.partition.is_empty() {
+        let fields = &attr.partition;
+        config = quote!(#config.with_partition(&[#(#fields),*]));
     }
     if let Some((starts, per)) = &attr.rate {
         let per = millis(per.value);

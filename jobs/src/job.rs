@@ -150,6 +150,9 @@ pub struct JobConfig {
     /// every runtime on the database (`rate = "600/1m"`). An operator's value wins over
     /// it until cleared.
     pub rate: Option<Rate>,
+    /// The payload fields whose values split the kind into partitions, each with its own
+    /// global concurrency (`partition = "tenant"`, `partition = ["tenant", "region"]`).
+    pub partition: Option<&'static [&'static str]>,
     /// Keep done rows this long instead of deleting them on success (`retain = "7d"`).
     pub retain: Option<Duration>,
     /// Period of a periodic kind (`every = "10m"`): one live job across all replicas,
@@ -345,6 +348,7 @@ impl JobConfig {
         concurrency: None,
         global_concurrency: None,
         rate: None,
+        partition: None,
         retain: None,
         every: None,
         cron: None,
@@ -402,6 +406,12 @@ impl JobConfig {
                 per
             },
         });
+        self
+    }
+    /// Splits the kind's global concurrency by the values of these payload fields (the
+    /// names its JSON has): at most that many running per distinct value.
+    pub const fn with_partition(mut self, fields: &'static [&'static str]) -> Self {
+        self.partition = Some(fields);
         self
     }
     /// Keeps done rows for this long.

@@ -628,6 +628,91 @@ WHERE w.n < w.asked
 "#
 );
 
+/// The partition of the job row `j`: the values of the payload's fields `$6`, as one
+/// JSON array (a missing field is `null`).
+macro_rules! partition_of {
+    () => {
+        "(SELECT jsonb_agg(j.payload -> f.name ORDER BY f.ord) \
+          FROM unnest($6::text[]) WITH ORDINALITY AS f(name, ord))"
+    };
+}
+
+/// [`CLAIM_LIMITED`] for a kind `$1` whose global concurrency `$4` holds per partition
+/// (`partition = "tenant"`: at most `$4` running per distinct value of the payload's
+/// fields `$6`): up to `$2` jobs with a lease of `$3` ms, for runtime `$5`. Runs after
+/// [`LIMIT_LOCK`], in its transaction, with the same reasoning: the running rows are
+/// counted per partition in a snapshot taken after the lock.
+///
+/// It walks the kind's due jobs in claim order (priority, then `run_after, id`),
+/// passing those of partitions at their limit, until it has `$2` * 4 + 100 of the
+/// others; ranks them within their partition after its running jobs; and takes the
+/// first `$2` that fit. A partition with a backlog never holds up another's jobs, but
+/// every claim walks past the backlog of each partition at its limit that comes first
+/// (a row and its payload each): the cost of a claim grows with such backlogs.
+///
+/// Returns what [`CLAIM_LIMITED`] returns: the rows, and `cut` when it took less than
+/// `$2` while some partition was at its limit (the next claim waits for a job of the
+/// kind to end), or `spare` when it took all `$2`.
+///
+/// Index: `jobs_running` for the count per partition (reading each running row's
+/// payload); `jobs_claim` for the walk, in its order, reading each row's payload; the
+/// primary key for the lock and the update.
+pub(crate) const CLAIM_PARTITIONED: &str = concat!(
+    r#"
+WITH wanted AS MATERIALIZED (
+    SELECT $1::text AS kind, $3::bigint AS lease_ms
+),
+running AS MATERIALIZED (
+    SELECT "#,
+    partition_of!(),
+    r#" AS part, count(*) AS c
+    FROM jobs j
+    WHERE j.state = 'running' AND j.kind = $1
+    GROUP BY 1
+),
+walk AS MATERIALIZED (
+    SELECT x.id, x.part, x.priority, x.run_after
+    FROM (
+        SELECT j.id, j.priority, j.run_after, "#,
+    partition_of!(),
+    r#" AS part
+        FROM jobs j
+        WHERE j.state = 'pending' AND j.kind = $1 AND j.run_after <= now()
+        ORDER BY j.priority, j.run_after, j.id
+    ) x
+    WHERE coalesce((SELECT r.c FROM running r WHERE r.part IS NOT DISTINCT FROM x.part), 0) < $4
+    LIMIT $2 * 4 + 100
+),
+ranked AS MATERIALIZED (
+    SELECT w.id, w.priority, w.run_after,
+           row_number() OVER (PARTITION BY w.part ORDER BY w.priority, w.run_after, w.id)
+           + coalesce((SELECT r.c FROM running r WHERE r.part IS NOT DISTINCT FROM w.part), 0)
+             AS slot
+    FROM walk w
+),
+picked AS MATERIALIZED (
+    SELECT j.id
+    FROM jobs j
+    WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE slot <= $4
+                            ORDER BY priority, run_after, id LIMIT $2))
+      AND j.state = 'pending'
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+"#,
+    claimed!("$5", "statement_timestamp()"),
+    r#"
+SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
+       c.run_after, c.priority, NULL AS mark, NULL::float8 AS wait
+FROM claimed c
+UNION ALL
+SELECT NULL, $1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       CASE WHEN (SELECT count(*) FROM picked) >= $2 THEN 'spare' ELSE 'cut' END, NULL
+WHERE (SELECT count(*) FROM picked) >= $2
+   OR EXISTS (SELECT 1 FROM running WHERE c >= $4)
+   OR EXISTS (SELECT 1 FROM ranked WHERE slot > $4)
+"#
+);
+
 /// Tells every listening runtime that a share of each kind in `$1` (kinds with a global
 /// limit) is free: a claim of the kind that found no free share waits for this, not
 /// for the poll interval.
@@ -1313,6 +1398,7 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("KIND_SETTINGS", KIND_SETTINGS),
         ("LIMIT_LOCK", LIMIT_LOCK),
         ("CLAIM_LIMITED", CLAIM_LIMITED),
+        ("CLAIM_PARTITIONED", CLAIM_PARTITIONED),
         ("NOTIFY_FREED", NOTIFY_FREED),
         ("RUNTIME_SEEN", RUNTIME_SEEN),
         ("RUNTIME_GONE", RUNTIME_GONE),

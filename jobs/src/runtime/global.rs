@@ -34,6 +34,8 @@ use crate::sql;
 pub(super) struct Limit {
     pub(super) concurrency: Option<u32>,
     pub(super) rate: Option<Rate>,
+    /// The payload fields the concurrency holds per value of (the attribute's only).
+    pub(super) partition: Option<&'static [&'static str]>,
 }
 
 /// The kinds with a limit, and each one's: the operator's values where set, else the
@@ -64,8 +66,18 @@ pub(super) fn effective(
                 }),
                 _ => h.config.rate,
             };
-            (concurrency.is_some() || rate.is_some())
-                .then_some((h.kind, Limit { concurrency, rate }))
+            // A rate per partition is not built: with a rate (an operator's, say) the
+            // concurrency holds for the kind as a whole, which never lets more run.
+            let partition = h
+                .config
+                .partition
+                .filter(|_| concurrency.is_some() && rate.is_none());
+            let limit = Limit {
+                concurrency,
+                rate,
+                partition,
+            };
+            (concurrency.is_some() || rate.is_some()).then_some((h.kind, limit))
         })
         .collect()
 }
@@ -105,13 +117,74 @@ impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
 }
 
 /// Claims up to `free` jobs of each kind of `asks` (with its limit), in one transaction
-/// on `conn`: the kinds' locks, then the claim. A lock not granted within
+/// on `conn`: the kinds' locks, then the claims ([`sql::CLAIM_LIMITED`] for the kinds
+/// whose limits hold for the kind as a whole, [`sql::CLAIM_PARTITIONED`] for each kind
+/// whose concurrency holds per partition). A lock not granted within
 /// [`sql::LIMIT_LOCK_WAIT`] is an error that [`lock_not_granted`] recognizes.
 pub(super) async fn claim(
     shared: &Shared,
     conn: &mut PoolConnection<Postgres>,
     asks: &[(&'static HandlerInfo, usize, Limit)],
 ) -> Result<Taken, sqlx::Error> {
+    let all: Vec<&str> = asks.iter().map(|(h, _, _)| h.kind).collect();
+    let (split, whole): (Vec<_>, Vec<_>) = asks
+        .iter()
+        .copied()
+        .partition(|(_, _, l)| l.partition.is_some());
+    // READ COMMITTED whatever the role's default: at REPEATABLE READ the claim would
+    // count in the snapshot of the transaction's first statement, taken before the
+    // lock was granted, and two claimers could both count the same free share.
+    let mut tx =
+        sqlx::Connection::begin_with(&mut **conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+    crate::pooler::query(sql::LIMIT_LOCK)
+        .bind(&all)
+        .bind(sql::LIMIT_LOCK_CLASS)
+        .bind(sql::LIMIT_LOCK_WAIT)
+        .execute(&mut *tx)
+        .await?;
+    let mut rows = if whole.is_empty() {
+        Vec::new()
+    } else {
+        claim_whole(&mut tx, shared, &whole).await?
+    };
+    for (h, free, limit) in split {
+        let fields: Vec<&str> = limit.partition.unwrap_or_default().to_vec();
+        let per_partition = limit
+            .concurrency
+            .map_or(i32::MAX, |n| i32::try_from(n).unwrap_or(i32::MAX));
+        let taken: Vec<LimitedRow> = crate::pooler::query_as(sql::CLAIM_PARTITIONED)
+            .bind(h.kind)
+            .bind(i32::try_from(free).unwrap_or(i32::MAX))
+            .bind(millis(h.config.lease_length()))
+            .bind(per_partition)
+            .bind(shared.runtime_id)
+            .bind(&fields)
+            .fetch_all(&mut *tx)
+            .await?;
+        rows.extend(taken);
+    }
+    tx.commit().await?;
+    let mut taken = Taken {
+        rows: Vec::with_capacity(rows.len()),
+        cut: Vec::new(),
+        spare: Vec::new(),
+    };
+    for row in rows {
+        match row {
+            LimitedRow::Job(row) => taken.rows.push(row),
+            LimitedRow::Cut(kind, wait) => taken.cut.push((kind, wait)),
+            LimitedRow::Spare(kind) => taken.spare.push(kind),
+        }
+    }
+    Ok(taken)
+}
+
+/// [`sql::CLAIM_LIMITED`] for `asks`, in `tx`.
+async fn claim_whole(
+    tx: &mut sqlx::PgConnection,
+    shared: &Shared,
+    asks: &[(&'static HandlerInfo, usize, Limit)],
+) -> Result<Vec<LimitedRow>, sqlx::Error> {
     let kinds: Vec<&str> = asks.iter().map(|(h, _, _)| h.kind).collect();
     let frees: Vec<i32> = asks
         .iter()
@@ -133,18 +206,7 @@ pub(super) async fn claim(
         .iter()
         .map(|(_, _, l)| l.rate.map(|r| millis(r.per).max(1)))
         .collect();
-    // READ COMMITTED whatever the role's default: at REPEATABLE READ the claim would
-    // count in the snapshot of the transaction's first statement, taken before the
-    // lock was granted, and two claimers could both count the same free share.
-    let mut tx =
-        sqlx::Connection::begin_with(&mut **conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
-    crate::pooler::query(sql::LIMIT_LOCK)
-        .bind(&kinds)
-        .bind(sql::LIMIT_LOCK_CLASS)
-        .bind(sql::LIMIT_LOCK_WAIT)
-        .execute(&mut *tx)
-        .await?;
-    let rows: Vec<LimitedRow> = crate::pooler::query_as(sql::CLAIM_LIMITED)
+    crate::pooler::query_as(sql::CLAIM_LIMITED)
         .bind(&kinds)
         .bind(&frees)
         .bind(&leases)
@@ -153,21 +215,7 @@ pub(super) async fn claim(
         .bind(&rate_starts)
         .bind(&rate_ms)
         .fetch_all(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    let mut taken = Taken {
-        rows: Vec::with_capacity(rows.len()),
-        cut: Vec::new(),
-        spare: Vec::new(),
-    };
-    for row in rows {
-        match row {
-            LimitedRow::Job(row) => taken.rows.push(row),
-            LimitedRow::Cut(kind, wait) => taken.cut.push((kind, wait)),
-            LimitedRow::Spare(kind) => taken.spare.push(kind),
-        }
-    }
-    Ok(taken)
+        .await
 }
 
 /// Whether `e` says a kind's lock was not granted within [`sql::LIMIT_LOCK_WAIT`]

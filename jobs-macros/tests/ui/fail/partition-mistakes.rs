@@ -1,0 +1,22 @@
+use jobs::Job;
+use serde::{Deserialize, Serialize};
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "webhook.deliver", partition = "tenant")]
+struct NoLimit {
+    tenant: String,
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "webhook.retry", global_concurrency = 1, partition = "tenant_id")]
+struct NoSuchField {
+    tenant: String,
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "webhook.rated", global_concurrency = 1, rate = "10/1s", partition = "tenant")]
+struct WithRate {
+    tenant: String,
+}
+
+fn main() {}
