@@ -48,6 +48,73 @@ async fn rated(_job: Rated, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
+/// A no-op job of a kind that runs at most one job per tenant at once.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "bench.tenant", global_concurrency = 1, partition = "tenant")]
+pub struct PerTenant {
+    tenant: u32,
+}
+
+#[jobs::handler]
+async fn per_tenant(_job: PerTenant, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
+/// W8's partitions: `n` no-op jobs over 10,000 tenants (a limit of 1 each), drained by
+/// one runtime of concurrency 10 and 100, beside the same drain of one kind without a
+/// limit (W2's), in the same run.
+pub async fn run_partitions(n: u32, runs: usize) {
+    for concurrency in [10, 100] {
+        let mut rates = Vec::new();
+        for _ in 0..runs {
+            let pool = super::fresh_database(12).await;
+            for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
+                let mut batch = EnqueueBatch::new();
+                for &seq in chunk {
+                    batch
+                        .push(&PerTenant {
+                            tenant: seq % 10_000,
+                        })
+                        .unwrap();
+                }
+                batch.enqueue(&pool).await.unwrap();
+            }
+            let runtime_pool = super::pool(12).await;
+            let stop = Arc::new(tokio::sync::Notify::new());
+            let signal = stop.clone();
+            let t = Instant::now();
+            let rt = tokio::spawn(async move {
+                Runtime::new(runtime_pool)
+                    .kinds(["bench.tenant"])
+                    .concurrency(concurrency)
+                    .run_until(async move { signal.notified().await })
+                    .await
+            });
+            loop {
+                let left: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM jobs WHERE kind = 'bench.tenant'")
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                if left == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            rates.push(f64::from(n) / t.elapsed().as_secs_f64());
+            stop.notify_one();
+            rt.await.unwrap().unwrap();
+            pool.close().await;
+        }
+        super::report(
+            &format!("W8 10,000 partitions of 1, conc {concurrency}"),
+            "jobs/s",
+            rates,
+            &[],
+        );
+    }
+}
+
 /// A runtime process for W8, stopped by the parent: of `kind`, concurrency 10.
 pub async fn child(kind: &str) {
     let pool = super::pool(12).await;
