@@ -54,7 +54,7 @@
 //! floor to it), and, every `QUIET_EVERY` while the claims are busy, whether a quiet
 //! kind has a job due (the next claim asks for that kind).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -118,9 +118,9 @@ pub(super) async fn run(shared: Arc<Shared>, executors: Executors, stop: watch::
             producer.wait_for_renewals().await;
             continue;
         }
-        producer.tend().await;
+        let freed_here = producer.tend().await;
         let capacity = producer.capacity();
-        producer.hand_on(&capacity.1);
+        producer.hand_on(&freed_here, &capacity.1);
         if capacity.0 == 0 || capacity.1.iter().all(|(_, n)| *n == 0) {
             producer.wait_for_room().await;
             continue;
@@ -178,9 +178,6 @@ struct Producer {
     /// somewhere, or one was enqueued) or that moment (when its rate's window has room
     /// again; a poll interval, for a concurrency).
     at_limit: HashMap<&'static str, Instant>,
-    /// The kinds with a limit of which a job ended here, not yet claimed again: the
-    /// share goes to the other runtimes if this one has no room for the kind.
-    freed_here: std::collections::HashSet<&'static str>,
 }
 
 impl Producer {
@@ -208,14 +205,13 @@ impl Producer {
             seen: Seen::default(),
             quiet_asked: Instant::now(),
             at_limit: HashMap::new(),
-            freed_here: std::collections::HashSet::new(),
         }
     }
 
     /// What runs beside the claims: ended executors, periodic kinds, paused kinds (read
     /// once per poll interval, and at once when a pause or resume notifies), the rates,
     /// and the floor probe.
-    async fn tend(&mut self) {
+    async fn tend(&mut self) -> HashSet<&'static str> {
         while self.executors.lock().await.try_join_next().is_some() {}
         self.periodic.tend(&self.shared).await;
         if self
@@ -230,7 +226,7 @@ impl Producer {
             self.paused.read(&self.shared, &mut self.conn).await;
         }
         self.rates.measure(&self.shared);
-        self.tend_limits();
+        let freed_here = self.tend_limits();
         if self.probe.as_ref().is_some_and(JoinHandle::is_finished) {
             let answer = self.probe.take().expect("checked").await;
             self.more |= self.settle_probe(answer);
@@ -238,18 +234,19 @@ impl Producer {
         if self.probe.is_none() {
             self.start_probe();
         }
+        freed_here
     }
 
     /// Lets the kinds found at their limit be claimed again once a notification names
-    /// them or their time has come (`at_limit`).
-    fn tend_limits(&mut self) {
+    /// them or their time has come (`at_limit`), and names to the next claim the kinds
+    /// with a limit of which a job ended here. Returns those.
+    fn tend_limits(&mut self) -> HashSet<&'static str> {
         let here = self.shared.freed.take_here();
         if here.is_empty() && self.at_limit.is_empty() {
-            return;
+            return here;
         }
         let mut notified = self.shared.notified.lock().expect("lock poisoned");
         notified.extend(here.iter().copied());
-        self.freed_here.extend(here);
         let now = Instant::now();
         self.at_limit.retain(|kind, until| {
             if now >= *until {
@@ -258,20 +255,21 @@ impl Producer {
             }
             !notified.contains(kind)
         });
+        here
     }
 
-    /// Tells the other runtimes of the shares freed here of kinds this runtime has no
-    /// room for now (`per_kind`); it claims the others itself.
-    fn hand_on(&mut self, per_kind: &[(&'static HandlerInfo, usize)]) {
-        if self.freed_here.is_empty() {
-            return;
-        }
+    /// Tells the other runtimes of the shares freed here (`freed_here`) of kinds this
+    /// runtime has no room for now (`per_kind`); it claims the others itself.
+    fn hand_on(
+        &self,
+        freed_here: &HashSet<&'static str>,
+        per_kind: &[(&'static HandlerInfo, usize)],
+    ) {
         for (info, free) in per_kind {
-            if self.freed_here.remove(info.kind) && *free == 0 {
+            if *free == 0 && freed_here.contains(info.kind) {
                 self.shared.freed.tell(info.kind);
             }
         }
-        self.freed_here.clear();
     }
 
     /// The free capacity, in all and per kind: none for a paused kind or one at its
@@ -427,7 +425,7 @@ impl Producer {
     async fn claim(&mut self, (total_free, per_kind): &Capacity) {
         self.gathered = false;
         self.first_kind = self.first_kind.wrapping_add(1);
-        let asked = self.asked(per_kind);
+        let asked = self.asked(per_kind, false);
         let Some(ask) = Ask::new(
             *total_free,
             &asked,
@@ -465,26 +463,17 @@ impl Producer {
         }
     }
 
-    /// The kinds with a global limit that a claim of them would ask for now, each with
-    /// its free slots and its limit: those with room, but the quiet ones unless a
-    /// notification named them since (as [`Self::asked`]).
+    /// The kinds with a limit that a claim of them would ask for now ([`Self::asked`]),
+    /// each with its limit.
     fn limited_asked(
         &self,
         per_kind: &[(&'static HandlerInfo, usize)],
     ) -> Vec<(&'static HandlerInfo, usize, super::global::Limit)> {
+        let asked = self.asked(per_kind, true);
         let limits = self.shared.limits.read().expect("lock poisoned");
-        if limits.is_empty() {
-            return Vec::new();
-        }
-        let mut notified = self.shared.notified.lock().expect("lock poisoned");
-        per_kind
-            .iter()
-            .filter_map(|(info, free)| {
-                let limit = *limits.get(info.kind)?;
-                let asked =
-                    *free > 0 && (notified.remove(info.kind) || !self.seen.is_quiet(info.kind));
-                asked.then_some((*info, *free, limit))
-            })
+        asked
+            .into_iter()
+            .filter_map(|(info, free)| Some((info, free, *limits.get(info.kind)?)))
             .collect()
     }
 
@@ -556,22 +545,27 @@ impl Producer {
         }
     }
 
-    /// The kinds this claim asks for: every kind with room but the quiet ones, unless a
-    /// notification or the probe named one since, and but the kinds with a global
-    /// limit. An idle runtime asks for every kind: its claims are few. A notification
-    /// naming a kind without room now (paused, at its limit, or its slots taken) is
-    /// kept for a claim that has room for it.
+    /// The kinds a claim asks for: every kind with room but the quiet ones, unless a
+    /// notification or the probe named one since; of the kinds with a limit across
+    /// runtimes (claimed apart) when `limited`, of the others otherwise. An idle runtime
+    /// asks for every kind: its claims are few. A notification naming a kind without
+    /// room now (paused, at its limit, or its slots taken) is kept for a claim that has
+    /// room for it.
     fn asked(
         &self,
         per_kind: &[(&'static HandlerInfo, usize)],
+        limited: bool,
     ) -> Vec<(&'static HandlerInfo, usize)> {
         let limits = self.shared.limits.read().expect("lock poisoned");
+        if limited && limits.is_empty() {
+            return Vec::new();
+        }
         let mut notified = self.shared.notified.lock().expect("lock poisoned");
         per_kind
             .iter()
             .filter(|(info, free)| {
                 *free > 0
-                    && !limits.contains_key(info.kind)
+                    && limits.contains_key(info.kind) == limited
                     && (notified.remove(info.kind) || !self.seen.is_quiet(info.kind))
             })
             .copied()
