@@ -716,3 +716,88 @@ async fn a_partitions_limit_holds_per_value_and_a_backlog_holds_up_no_other(pool
         "tenants ran side by side ({tenants_at_once} at most)"
     );
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.pair", global_concurrency = 2, partition = "tenant")]
+struct Pair {
+    tenant: u32,
+    ms: u64,
+}
+
+/// Handlers of each tenant of `limits.pair` running now in this process, and the most
+/// of one tenant seen at once.
+static PAIRS: std::sync::Mutex<(Vec<usize>, usize)> = std::sync::Mutex::new((Vec::new(), 0));
+
+#[jobs::handler]
+async fn pair(job: Pair, _ctx: JobContext) -> Result<(), JobError> {
+    let tenant = job.tenant as usize;
+    {
+        let mut pairs = PAIRS.lock().unwrap();
+        if pairs.0.len() <= tenant {
+            pairs.0.resize(tenant + 1, 0);
+        }
+        pairs.0[tenant] += 1;
+        pairs.1 = pairs.1.max(pairs.0[tenant]);
+    }
+    tokio::time::sleep(Duration::from_millis(job.ms)).await;
+    PAIRS.lock().unwrap().0[tenant] -= 1;
+    Ok(())
+}
+
+/// A partition's limit of 2 holds with claims held ahead of the slots (short jobs, so
+/// the runtimes claim hundreds at once) and each claim ranking a partition's jobs after
+/// those it already runs: three runtimes over 25 tenants never hold more than 2 of a
+/// tenant running, in the table (sampled) or in the handlers, and do reach 2.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_partitions_limit_of_two_holds_with_claims_held_ahead(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for i in 0..1_500u32 {
+        batch
+            .push(&Pair {
+                tenant: i % 25,
+                ms: 1 + u64::from(i % 4),
+            })
+            .unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (sampler, until) = (pool.clone(), stop.clone());
+    let watch = tokio::spawn(async move {
+        let mut most = 0i64;
+        while !until.load(Ordering::SeqCst) {
+            let n: Option<i64> = sqlx::query_scalar(
+                "SELECT max(n) FROM (SELECT count(*) AS n FROM jobs
+                  WHERE kind = 'limits.pair' AND state = 'running'
+                  GROUP BY payload -> 'tenant') t",
+            )
+            .fetch_one(&sampler)
+            .await
+            .unwrap();
+            most = most.max(n.unwrap_or(0));
+        }
+        most
+    });
+    let mut runtimes = Vec::new();
+    for _ in 0..3 {
+        let own = own_pool(&pool).await;
+        runtimes.push(Running::start(runtime(&own, &["limits.pair"])));
+    }
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.pair").await == 0
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let most_in_db = watch.await.unwrap();
+    for rt in runtimes {
+        rt.stop().await;
+    }
+    assert!(
+        most_in_db <= 2,
+        "{most_in_db} of a tenant running at once in the table"
+    );
+    assert_eq!(
+        PAIRS.lock().unwrap().1,
+        2,
+        "most handlers of one tenant at once"
+    );
+}

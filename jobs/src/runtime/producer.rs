@@ -11,7 +11,8 @@
 //! 2. **Limited kinds**: a kind with a limit across runtimes (a global concurrency, a
 //!    rate) that has room and is not quiet, or that a notification named, is claimed at
 //!    once in a transaction of its own (`super::global`), without the wait for a batch
-//!    (the limit bounds what it takes). A kind its limit cut waits aside (`at_limit`)
+//!    (the limit bounds what it takes); a kind whose limit holds per partition claims
+//!    ahead and waits for a batch as in step 4. A kind its limit cut waits aside (`at_limit`)
 //!    until a notification names it (one of its jobs ended: the runtime that ends one
 //!    claims the share first, and tells the others only of what it leaves), or its
 //!    rate's window has room, or a poll interval has passed. The other steps never
@@ -127,7 +128,11 @@ pub(super) async fn run(shared: Arc<Shared>, executors: Executors, stop: watch::
         }
         let limited = producer.limited_asked(&capacity.1);
         if !limited.is_empty() {
-            producer.claim_limited(&limited, capacity.0).await;
+            if !producer.gathered && batched(&limited) && producer.below_target(capacity.0) {
+                producer.gather().await;
+            } else {
+                producer.claim_limited(&limited, capacity.0).await;
+            }
         } else if !producer.more {
             producer.idle(&capacity.1).await;
         } else if !producer.gathered && producer.below_target(capacity.0) {
@@ -273,15 +278,17 @@ impl Producer {
     }
 
     /// The free capacity, in all and per kind: none for a paused kind or one at its
-    /// global limit; a kind with a limit claims nothing ahead of its free slots (a job
-    /// held ahead counts against the limit without running).
+    /// global limit; a kind whose limit holds for the kind as a whole claims nothing
+    /// ahead of its free slots (a job held ahead counts against the limit without
+    /// running). One whose limit holds per partition claims ahead as any kind does: a
+    /// job held ahead holds up its own partition only, one among many.
     fn capacity(&self) -> Capacity {
         let (total, mut per_kind) = self.shared.free(&self.rates.ahead, self.rates.total);
         let limits = self.shared.limits.read().expect("lock poisoned");
         for (info, free) in &mut per_kind {
             if self.paused.kinds.contains(info.kind) || self.at_limit.contains_key(info.kind) {
                 *free = 0;
-            } else if limits.contains_key(info.kind) {
+            } else if limits.get(info.kind).is_some_and(|l| l.partition.is_none()) {
                 let ahead = self.rates.ahead.get(info.kind).copied().unwrap_or(0);
                 *free = free.saturating_sub(ahead);
             }
@@ -488,6 +495,7 @@ impl Producer {
         kinds: &[(&'static HandlerInfo, usize, super::global::Limit)],
         total_free: usize,
     ) {
+        self.gathered = false;
         let mut left = total_free;
         let mut asks = Vec::new();
         for (info, free, limit) in kinds {
@@ -712,6 +720,13 @@ impl Producer {
             }
         }
     }
+}
+
+/// Whether a claim of the kinds with a limit `kinds` waits for a batch, as the other
+/// kinds' claims do: when each one's limit holds per partition (its claims are bounded
+/// by the free slots and what is held ahead, not by the limit).
+fn batched(kinds: &[(&'static HandlerInfo, usize, super::global::Limit)]) -> bool {
+    kinds.iter().all(|(_, _, limit)| limit.partition.is_some())
 }
 
 /// The probe's answer: what it found (kind, priority, run-after), how long it took,
