@@ -801,3 +801,94 @@ async fn a_partitions_limit_of_two_holds_with_claims_held_ahead(pool: PgPool) {
         "most handlers of one tenant at once"
     );
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.tenant_rate", rate = "5/500ms", partition = "tenant")]
+struct TenantRate {
+    tenant: String,
+}
+
+static TENANT_STARTS: std::sync::Mutex<Vec<(String, std::time::Instant)>> =
+    std::sync::Mutex::new(Vec::new());
+
+#[jobs::handler]
+async fn tenant_rate(job: TenantRate, _ctx: JobContext) -> Result<(), JobError> {
+    TENANT_STARTS
+        .lock()
+        .unwrap()
+        .push((job.tenant, std::time::Instant::now()));
+    Ok(())
+}
+
+/// A rate per partition: tenant `a`'s backlog of 300 comes first, longer than a claim's
+/// walk, then 10 jobs of `b` and of `c`. Three runtimes run `b`'s and `c`'s while `a`
+/// waits for its windows, and no tenant has more than 5 starts in a window of the
+/// rate's length (read at the handlers, so a little shorter).
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_rate_per_partition_holds_per_value_and_a_backlog_holds_up_no_other(pool: PgPool) {
+    for (tenant, n) in [("a", 300), ("b", 10), ("c", 10)] {
+        let mut batch = EnqueueBatch::new();
+        for _ in 0..n {
+            batch
+                .push(&TenantRate {
+                    tenant: tenant.into(),
+                })
+                .unwrap();
+        }
+        batch.enqueue(&pool).await.unwrap();
+    }
+    let mut runtimes = Vec::new();
+    for _ in 0..3 {
+        let own = own_pool(&pool).await;
+        runtimes.push(Running::start(runtime(&own, &["limits.tenant_rate"])));
+    }
+    wait_until("the other tenants' jobs ran", || async {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs
+              WHERE kind = 'limits.tenant_rate' AND payload->>'tenant' <> 'a'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        left == 0
+    })
+    .await;
+    for rt in runtimes {
+        rt.stop().await;
+    }
+    let starts = TENANT_STARTS.lock().unwrap().clone();
+    let a = starts.iter().filter(|(t, _)| t == "a").count();
+    assert!(a < 100, "{a} of tenant a's jobs started meanwhile");
+    for tenant in ["a", "b", "c"] {
+        let mut at: Vec<_> = starts
+            .iter()
+            .filter(|(t, _)| t == tenant)
+            .map(|(_, at)| *at)
+            .collect();
+        at.sort();
+        for (i, first) in at.iter().enumerate() {
+            let within = at[i..]
+                .iter()
+                .take_while(|t| t.duration_since(*first) < Duration::from_millis(450))
+                .count();
+            assert!(
+                within <= 5,
+                "tenant {tenant}: {within} starts within 450 ms"
+            );
+        }
+    }
+    // The tenants ran side by side: more starts of the kind in some window than one
+    // tenant's rate allows.
+    let mut all: Vec<_> = starts.iter().map(|(_, at)| *at).collect();
+    all.sort();
+    let most = (0..all.len())
+        .map(|i| {
+            all[i..]
+                .iter()
+                .take_while(|t| t.duration_since(all[i]) < Duration::from_millis(450))
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(most > 5, "{most} starts of the kind within 450 ms at most");
+}

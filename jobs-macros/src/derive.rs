@@ -69,21 +69,15 @@ fn check_durations(attr: &JobAttr, errors: &mut Errors) {
     }
 }
 
-/// A partition splits a global concurrency, and names fields of the struct.
+/// A partition splits a global concurrency or a rate, and names fields of the struct.
 fn check_partition(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) {
     let Some(span) = attr.partition_span else {
         return;
     };
-    if attr.global_concurrency.is_none() {
+    if attr.global_concurrency.is_none() && attr.rate.is_none() {
         errors.push(syn::Error::new(
             span,
-            "`partition` splits a global concurrency: add global_concurrency = N (at most N running per partition)",
-        ));
-    }
-    if attr.rate.is_some() {
-        errors.push(syn::Error::new(
-            span,
-            "`partition` with a `rate` is not supported yet: the rate holds for the kind as a whole; remove one of them",
+            "`partition` splits a limit: add global_concurrency = N (at most N running per partition) or rate = \"N/1m\" (at most N starts per partition in any minute)",
         ));
     }
     let fields: Vec<String> = match &input.data {

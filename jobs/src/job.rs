@@ -151,7 +151,8 @@ pub struct JobConfig {
     /// it until cleared.
     pub rate: Option<Rate>,
     /// The payload fields whose values split the kind into partitions, each with its own
-    /// global concurrency (`partition = "tenant"`, `partition = ["tenant", "region"]`).
+    /// global concurrency and rate (`partition = "tenant"`, `partition = ["tenant",
+    /// "region"]`).
     pub partition: Option<&'static [&'static str]>,
     /// Keep done rows this long instead of deleting them on success (`retain = "7d"`).
     pub retain: Option<Duration>,
@@ -408,8 +409,9 @@ impl JobConfig {
         });
         self
     }
-    /// Splits the kind's global concurrency by the values of these payload fields (the
-    /// names its JSON has): at most that many running per distinct value.
+    /// Splits the kind's global concurrency and rate by the values of these payload
+    /// fields (the names its JSON has): at most that many running, and that many starts
+    /// in a window, per distinct value.
     pub const fn with_partition(mut self, fields: &'static [&'static str]) -> Self {
         self.partition = Some(fields);
         self

@@ -644,32 +644,39 @@ macro_rules! partition_of {
     };
 }
 
-/// [`CLAIM_LIMITED`] for a kind `$1` whose global concurrency `$4` holds per partition
-/// (`partition = "tenant"`: at most `$4` running per distinct value of the payload's
-/// fields `$6`): up to `$2` jobs with a lease of `$3` ms, for runtime `$5`. Runs after
-/// [`LIMIT_LOCK`], in its transaction, with the same reasoning: the running rows are
-/// counted per partition in a snapshot taken after the lock.
+/// [`CLAIM_LIMITED`] for a kind `$1` whose limits hold per partition (`partition =
+/// "tenant"`: per distinct value of the payload's fields `$6`): at most `$4` running
+/// (`i32::MAX` for none), and, with a rate (`$7` starts per `$8` ms, both NULL for
+/// none), at most `$7` starts in any window of `$8` ms; up to `$2` jobs with a lease of
+/// `$3` ms, for runtime `$5`. Runs after [`LIMIT_LOCK`], in its transaction, with the
+/// same reasoning: the running rows and the window's starts are counted per partition
+/// in a snapshot taken after the lock.
 ///
 /// It walks the kind's due jobs in claim order (priority, then `run_after, id`),
-/// passing those of partitions at their limit (a hashed set, looked up once per row),
-/// until it has `$2` * 2 + 100 of the others; ranks them within their partition after
-/// its running jobs (one sort of the walk and the running counts, no join); and takes
-/// the first `$2` that fit. A partition with
-/// a backlog never holds up another's jobs, but every claim walks past the backlog of
-/// each partition at its limit that comes first (a row and its payload each): the cost
-/// of a claim grows with such backlogs. Looked up row by row in the running partitions
-/// instead (a scan of them per row walked, which is what a join of the two becomes in
-/// the generic plan of a prepared statement, whose estimates of a CTE are a row or
-/// two), a claim of 100 with 100 running took 11 ms, and of 450 with 260 running 55 ms,
-/// where they now take 2 and 6.
+/// passing those of partitions at a limit (hashed sets of the partitions at their
+/// concurrency and at their rate, looked up once per row), until it has `$2` * 2 + 100
+/// of the others; ranks them within their partition after its running jobs and after
+/// its starts in the window (one sort of the walk and the counts, no join); and takes
+/// the first `$2` that fit both. It logs its starts per partition (`jobs_starts`, with
+/// `part`) and deletes those that left the window. A partition with a backlog never
+/// holds up another's jobs, but every claim walks past the backlog of each partition
+/// at a limit that comes first (a row and its payload each), and sorts the counts of
+/// every partition running or started in the window: the cost of a claim grows with
+/// both. Looked up row by row in the running partitions instead (a scan of them per
+/// row walked, which is what a join of the two becomes in the generic plan of a
+/// prepared statement, whose estimates of a CTE are a row or two), a claim of 100 with
+/// 100 running took 11 ms, and of 450 with 260 running 55 ms, where they now take 2
+/// and 6.
 ///
 /// Returns what [`CLAIM_LIMITED`] returns: the rows, and `cut` when it took less than
-/// `$2` while some partition was at its limit (the next claim waits for a job of the
-/// kind to end), or `spare` when it took all `$2`.
+/// `$2` while some partition was at a limit (the next claim waits for a job of the kind
+/// to end, or, with `wait`, until the first partition at its rate has room again), or
+/// `spare` when it took all `$2`.
 ///
 /// Index: `jobs_running` for the count per partition (reading each running row's
-/// payload); `jobs_claim` for the walk, in its order, reading each row's payload; the
-/// primary key for the lock and the update.
+/// payload); `jobs_starts_kind_at` for the window's starts and the delete (a range
+/// each); `jobs_claim` for the walk, in its order, reading each row's payload; the
+/// primary key for the lock, the update, and the partitions of the rows taken.
 pub(crate) const CLAIM_PARTITIONED: &str = concat!(
     r#"
 WITH wanted AS MATERIALIZED (
@@ -683,6 +690,13 @@ running AS MATERIALIZED (
     WHERE j.state = 'running' AND j.kind = $1
     GROUP BY 1
 ),
+started AS MATERIALIZED (
+    SELECT s.part, sum(s.n) AS c, min(s.at) AS oldest
+    FROM jobs_starts s
+    WHERE $8::bigint IS NOT NULL AND s.kind = $1 AND s.part IS NOT NULL
+      AND s.at > statement_timestamp() - $8 * interval '1 millisecond'
+    GROUP BY 1
+),
 walk AS MATERIALIZED (
     SELECT x.id, x.part, x.priority, x.run_after
     FROM (
@@ -694,41 +708,64 @@ walk AS MATERIALIZED (
         ORDER BY j.priority, j.run_after, j.id
     ) x
     WHERE x.part NOT IN (SELECT r.part FROM running r WHERE r.c >= $4)
+      AND x.part NOT IN (SELECT s.part FROM started s WHERE s.c >= $7)
     LIMIT $2 * 2 + 100
 ),
 ranked AS MATERIALIZED (
     SELECT u.id, u.priority, u.run_after,
-           sum(u.n) OVER (PARTITION BY u.part
-                          ORDER BY u.id IS NOT NULL, u.priority, u.run_after, u.id
-                          ROWS UNBOUNDED PRECEDING)::bigint AS slot
+           sum(u.runs) OVER w <= $4 AND (sum(u.starts) OVER w <= $7 OR $7 IS NULL) AS fits
     FROM (
         SELECT NULL::bigint AS id, NULL::smallint AS priority,
-               NULL::timestamptz AS run_after, r.part, r.c AS n
+               NULL::timestamptz AS run_after, r.part, r.c AS runs, 0 AS starts
         FROM running r
         UNION ALL
-        SELECT w.id, w.priority, w.run_after, w.part, 1 FROM walk w
+        SELECT NULL, NULL, NULL, s.part, 0, s.c FROM started s
+        UNION ALL
+        SELECT w.id, w.priority, w.run_after, w.part, 1, 1 FROM walk w
     ) u
+    WINDOW w AS (PARTITION BY u.part ORDER BY u.id IS NOT NULL, u.priority, u.run_after, u.id
+                 ROWS UNBOUNDED PRECEDING)
 ),
 picked AS MATERIALIZED (
     SELECT j.id
     FROM jobs j
-    WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE id IS NOT NULL AND slot <= $4
+    WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE id IS NOT NULL AND fits
                             ORDER BY priority, run_after, id LIMIT $2))
       AND j.state = 'pending'
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 "#,
     claimed!("$5", "statement_timestamp()"),
+    r#",
+logged AS (
+    INSERT INTO jobs_starts (kind, at, n, part)
+    SELECT $1, statement_timestamp(), count(*), "#,
+    partition_of!(),
     r#"
+    FROM jobs j
+    WHERE $8::bigint IS NOT NULL AND j.id = ANY (ARRAY(SELECT id FROM picked))
+    GROUP BY 4
+),
+expired AS (
+    DELETE FROM jobs_starts s
+    WHERE $8::bigint IS NOT NULL AND s.kind = $1
+      AND s.at <= statement_timestamp() - $8 * interval '1 millisecond'
+)
 SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
        c.run_after, c.priority, NULL AS mark, NULL::float8 AS wait
 FROM claimed c
 UNION ALL
 SELECT NULL, $1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       CASE WHEN (SELECT count(*) FROM picked) >= $2 THEN 'spare' ELSE 'cut' END, NULL
+       CASE WHEN (SELECT count(*) FROM picked) >= $2 THEN 'spare' ELSE 'cut' END,
+       CASE WHEN (SELECT count(*) FROM picked) < $2 THEN
+           (SELECT extract(epoch FROM min(s.oldest) + $8 * interval '1 millisecond'
+                                      - statement_timestamp())::float8
+            FROM started s WHERE s.c >= $7)
+       END
 WHERE (SELECT count(*) FROM picked) >= $2
    OR EXISTS (SELECT 1 FROM running WHERE c >= $4)
-   OR EXISTS (SELECT 1 FROM ranked WHERE id IS NOT NULL AND slot > $4)
+   OR EXISTS (SELECT 1 FROM started WHERE c >= $7)
+   OR EXISTS (SELECT 1 FROM ranked WHERE id IS NOT NULL AND NOT fits)
 "#
 );
 

@@ -34,7 +34,7 @@ use crate::sql;
 pub(super) struct Limit {
     pub(super) concurrency: Option<u32>,
     pub(super) rate: Option<Rate>,
-    /// The payload fields the concurrency holds per value of (the attribute's only).
+    /// The payload fields each limit holds per value of (the attribute's only).
     pub(super) partition: Option<&'static [&'static str]>,
 }
 
@@ -66,16 +66,11 @@ pub(super) fn effective(
                 }),
                 _ => h.config.rate,
             };
-            // A rate per partition is not built: with a rate (an operator's, say) the
-            // concurrency holds for the kind as a whole, which never lets more run.
-            let partition = h
-                .config
-                .partition
-                .filter(|_| concurrency.is_some() && rate.is_none());
+            // The partition splits every limit of the kind, an operator's too.
             let limit = Limit {
                 concurrency,
                 rate,
-                partition,
+                partition: h.config.partition,
             };
             (concurrency.is_some() || rate.is_some()).then_some((h.kind, limit))
         })
@@ -119,7 +114,7 @@ impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
 /// Claims up to `free` jobs of each kind of `asks` (with its limit), in one transaction
 /// on `conn`: the kinds' locks, then the claims ([`sql::CLAIM_LIMITED`] for the kinds
 /// whose limits hold for the kind as a whole, [`sql::CLAIM_PARTITIONED`] for each kind
-/// whose concurrency holds per partition). A lock not granted within
+/// whose limits hold per partition). A lock not granted within
 /// [`sql::LIMIT_LOCK_WAIT`] is an error that [`lock_not_granted`] recognizes.
 pub(super) async fn claim(
     shared: &Shared,
@@ -159,6 +154,12 @@ pub(super) async fn claim(
             .bind(per_partition)
             .bind(shared.runtime_id)
             .bind(&fields)
+            .bind(
+                limit
+                    .rate
+                    .map(|r| i32::try_from(r.starts).unwrap_or(i32::MAX)),
+            )
+            .bind(limit.rate.map(|r| millis(r.per).max(1)))
             .fetch_all(&mut *tx)
             .await?;
         rows.extend(taken);

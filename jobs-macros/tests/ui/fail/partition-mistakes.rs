@@ -13,10 +13,4 @@ struct NoSuchField {
     tenant: String,
 }
 
-#[derive(Job, Serialize, Deserialize)]
-#[job(kind = "webhook.rated", global_concurrency = 1, rate = "10/1s", partition = "tenant")]
-struct WithRate {
-    tenant: String,
-}
-
 fn main() {}
