@@ -892,3 +892,54 @@ async fn a_rate_per_partition_holds_per_value_and_a_backlog_holds_up_no_other(po
         .unwrap_or(0);
     assert!(most > 5, "{most} starts of the kind within 450 ms at most");
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.region", global_concurrency = 1, partition = ["tenant", "region"])]
+struct Region {
+    tenant: String,
+    region: String,
+}
+
+static REGIONS: [Gauge; 2] = [Gauge::new(), Gauge::new()];
+
+#[jobs::handler]
+async fn region(job: Region, _ctx: JobContext) -> Result<(), JobError> {
+    let gauge = &REGIONS[usize::from(job.region == "eu")];
+    gauge.run_for(10).await;
+    Ok(())
+}
+
+/// A partition of two fields: the same tenant in two regions is two partitions, each
+/// one job at a time, side by side.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_partition_of_two_fields_holds_per_pair_of_values(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for i in 0..40 {
+        batch
+            .push(&Region {
+                tenant: "t".into(),
+                region: if i % 2 == 0 { "eu" } else { "us" }.into(),
+            })
+            .unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let mut runtimes = Vec::new();
+    for _ in 0..2 {
+        let own = own_pool(&pool).await;
+        runtimes.push(Running::start(runtime(&own, &["limits.region"])));
+    }
+    let (watch, stop) = watch_running(&pool, "limits.region");
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.region").await == 0
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let most_in_db = watch.await.unwrap();
+    for rt in runtimes {
+        rt.stop().await;
+    }
+    assert!(most_in_db <= 2, "{most_in_db} running at once in the table");
+    assert_eq!(REGIONS[0].most(), 1, "one job of (t, eu) at once");
+    assert_eq!(REGIONS[1].most(), 1, "one job of (t, us) at once");
+    assert_eq!(most_in_db, 2, "both regions ran side by side");
+}

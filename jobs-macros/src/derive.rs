@@ -80,6 +80,15 @@ fn check_partition(input: &DeriveInput, attr: &JobAttr, errors: &mut Errors) {
             "`partition` splits a limit: add global_concurrency = N (at most N running per partition) or rate = \"N/1m\" (at most N starts per partition in any minute)",
         ));
     }
+    if attr.partition.len() > 4 {
+        errors.push(syn::Error::new(
+            span,
+            format!(
+                "`partition` names {} fields: at most 4",
+                attr.partition.len()
+            ),
+        ));
+    }
     let fields: Vec<String> = match &input.data {
         Data::Struct(s) => s
             .fields

@@ -152,7 +152,7 @@ pub struct JobConfig {
     pub rate: Option<Rate>,
     /// The payload fields whose values split the kind into partitions, each with its own
     /// global concurrency and rate (`partition = "tenant"`, `partition = ["tenant",
-    /// "region"]`).
+    /// "region"]`): at most four.
     pub partition: Option<&'static [&'static str]>,
     /// Keep done rows this long instead of deleting them on success (`retain = "7d"`).
     pub retain: Option<Duration>,
@@ -412,7 +412,16 @@ impl JobConfig {
     /// Splits the kind's global concurrency and rate by the values of these payload
     /// fields (the names its JSON has): at most that many running, and that many starts
     /// in a window, per distinct value.
+    ///
+    /// # Panics
+    ///
+    /// With no fields or more than four (at compile time, where the configuration is a
+    /// constant, as `#[derive(Job)]` makes it).
     pub const fn with_partition(mut self, fields: &'static [&'static str]) -> Self {
+        assert!(
+            !fields.is_empty() && fields.len() <= 4,
+            "a partition names one to four payload fields"
+        );
         self.partition = Some(fields);
         self
     }

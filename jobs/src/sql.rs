@@ -634,13 +634,15 @@ WHERE w.n < w.asked
 "#
 );
 
-/// The partition of the job row `j`: the values of the payload's fields `$6`, as one
-/// JSON array (a missing field is `null`). Never NULL itself (a partition names at least
-/// one field), so it compares with `=` and hashes.
+/// The partition of the job row `j`: the values of the payload's fields `$6` (one to
+/// four: `JobConfig::with_partition`), as one JSON array of four (a missing field, or a
+/// place past the last field, is `null`). Never NULL itself, so it compares with
+/// `=` and hashes. Built from a subquery over the fields instead, it took a quarter of
+/// a claim's time.
 macro_rules! partition_of {
     () => {
-        "(SELECT jsonb_agg(j.payload -> f.name ORDER BY f.ord) \
-          FROM unnest($6::text[]) WITH ORDINALITY AS f(name, ord))"
+        "jsonb_build_array(j.payload -> $6[1], j.payload -> $6[2], \
+                           j.payload -> $6[3], j.payload -> $6[4])"
     };
 }
 
@@ -656,12 +658,13 @@ macro_rules! partition_of {
 /// passing those of partitions at a limit (hashed sets of the partitions at their
 /// concurrency and at their rate, looked up once per row), until it has `$2` * 2 + 100
 /// of the others; ranks them within their partition after its running jobs and after
-/// its starts in the window (one sort of the walk and the counts, no join); and takes
+/// its starts in the window (one sort of the walk and the counts of the partitions
+/// below their limits, no join); and takes
 /// the first `$2` that fit both. It logs its starts per partition (`jobs_starts`, with
 /// `part`) and deletes those that left the window. A partition with a backlog never
 /// holds up another's jobs, but every claim walks past the backlog of each partition
-/// at a limit that comes first (a row and its payload each), and sorts the counts of
-/// every partition running or started in the window: the cost of a claim grows with
+/// at a limit that comes first (a row and its payload each), and reads the partition
+/// of every running row and every start in the window: the cost of a claim grows with
 /// both. Looked up row by row in the running partitions instead (a scan of them per
 /// row walked, which is what a join of the two becomes in the generic plan of a
 /// prepared statement, whose estimates of a CTE are a row or two), a claim of 100 with
@@ -717,9 +720,9 @@ ranked AS MATERIALIZED (
     FROM (
         SELECT NULL::bigint AS id, NULL::smallint AS priority,
                NULL::timestamptz AS run_after, r.part, r.c AS runs, 0 AS starts
-        FROM running r
+        FROM running r WHERE r.c < $4
         UNION ALL
-        SELECT NULL, NULL, NULL, s.part, 0, s.c FROM started s
+        SELECT NULL, NULL, NULL, s.part, 0, s.c FROM started s WHERE s.c < $7
         UNION ALL
         SELECT w.id, w.priority, w.run_after, w.part, 1, 1 FROM walk w
     ) u

@@ -13,4 +13,14 @@ struct NoSuchField {
     tenant: String,
 }
 
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "webhook.wide", rate = "10/1s", partition = ["a", "b", "c", "d", "e"])]
+struct TooMany {
+    a: u32,
+    b: u32,
+    c: u32,
+    d: u32,
+    e: u32,
+}
+
 fn main() {}
