@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the protocol model (model/jobs.pml) with SPIN, exhaustively.
 #
-# The model itself must verify: the safety runs (assertions P1, P3-P8, invalid end
+# The model itself must verify: the safety runs (assertions P1, P3-P9, invalid end
 # states) and the liveness runs (LTL p2 under weak fairness) find no error. Each
 # mutation (one defect of the old protocol put back) must make SPIN find an error.
 # Prints one line per run and a last line `model: N passed, M failed`; exits 1 when a
@@ -112,6 +112,13 @@ run safety-limit-hb       safety ok -DLIMIT -DNT=1
 run safety-limit-tx       safety ok -DLIMIT -DTXMODE
 run p2-limit-hb           live   ok -DLIMIT -DNT=1
 run safety-limit2-tx      safety ok -DLIMIT -DNW=3 -DLIMN=2 -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0
+# A limit per partition (LIMIT_LOCK, CLAIM_PARTITIONED, claims held ahead of the slot):
+# P9 with a limit of 1 over partition 0 (the key's rows and an unkeyed row) and
+# partition 1 (an unkeyed row), transaction mode, one fault and no snooze; p2 with it,
+# no fault; a limit of 2 over one partition of three unkeyed rows, no fault.
+run safety-partition-tx   safety ok -DPARTITION -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=1 -DMAXSNOOZE=0
+run p2-partition-tx       live   ok -DPARTITION -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0 -DMAXSNOOZE=0
+run safety-partition2-tx  safety ok -DPARTITION -DLIMN=2 -DNU=3 -DNT=0 -DP1ROWS=0 -DTXMODE -DMAXFAULT=0
 
 # The mutations: each must be caught.
 run mut-flight-dropped         bfs  error -DMUT_FLIGHT_DROPPED
@@ -129,6 +136,11 @@ run mut-limit-lock-early-release bfs error -DLIMIT -DMUT_LIMIT_LOCK_EARLY_RELEAS
 run mut-limit-snapshot-before-lock bfs error -DLIMIT -DMUT_LIMIT_SNAPSHOT_BEFORE_LOCK
 run mut-limit-plain-claim      bfs  error -DLIMIT -DMUT_LIMIT_PLAIN_CLAIM
 run mut-limit2-no-lock         bfs  error -DLIMIT -DNW=3 -DLIMN=2 -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0 -DMUT_LIMIT_NO_LOCK
+# The partition's: each must break P9.
+run mut-partition-no-lock      bfs  error -DPARTITION -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0 -DMUT_LIMIT_NO_LOCK
+run mut-partition-lock-early-release bfs error -DPARTITION -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0 -DMUT_LIMIT_LOCK_EARLY_RELEASE
+run mut-partition-snapshot-before-lock bfs error -DPARTITION -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0 -DMUT_LIMIT_SNAPSHOT_BEFORE_LOCK
+run mut-partition-rank-ignores-running bfs error -DPARTITION -DLIMN=2 -DNU=3 -DNT=0 -DP1ROWS=0 -DTXMODE -DMAXFAULT=0 -DMUT_PARTITION_RANK_IGNORES_RUNNING
 
 echo "model: $passed passed, $failed failed"
 if [ "$failed" -ne 0 ]; then

@@ -52,14 +52,31 @@
  * LIMN + 1 rows can be pending at once. The limited claim keeps no floors (the code's
  * claims of a limited kind start every scan at the start of its range), so the floors'
  * steps are left out. -DNW=3 adds a third runtime, for LIMN = 2.
+ *
+ * Partitions (-DPARTITION, which implies -DLIMIT). The limit holds per partition: at
+ * most LIMN rows of each partition running at once (P9; the kind as a whole may run
+ * more, and P8 is not checked). Each row is of partition 0 or 1, by its payload's
+ * partition field, which never changes: every trigger of the key carries one value (an
+ * assumption: a coalescing trigger replaces the payload of a pending or running row,
+ * and with it the partition its row is counted in, which is not modelled). The row
+ * slots of P1ROWS are partition 1's (by default the first unkeyed row alone), the
+ * others partition 0's. The claim's transaction is LIMIT_LOCK, CLAIM_PARTITIONED,
+ * COMMIT. CLAIM_PARTITIONED, one statement, counts the rows running per partition in
+ * its snapshot (taken after the lock), passes the partitions with LIMN running, ranks
+ * the due rows of the others within their partition after its running rows, and takes
+ * those ranked within LIMN (SKIP LOCKED), of several partitions at once: here one or
+ * more claimable rows that fit, any of them. A runtime claims ahead of its one slot:
+ * at the COMMIT the rows become running and are held ahead of the slot (renewed by the
+ * heartbeat; a held row counts as running like any other); they start one at a time as
+ * the slot frees, or one that finds no slot is handed back (RELEASE, no delay). The
+ * runtime claims again once its slot is free and it holds nothing ahead.
  */
 
-/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH LIMIT_LOCK CLAIM_LIMITED */
+/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH LIMIT_LOCK CLAIM_LIMITED CLAIM_PARTITIONED */
 /* statements read-only, not modelled: HISTORY LAST_CHECKPOINT DB_NOW THROUGHPUT KIND_SETTINGS LIMITS PAUSED RUNTIMES NEXT_DUE LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
 /* statements writing outside the modelled rows, not modelled: ENQUEUE_ONE_UNKEYED ENQUEUE_UNKEYED ARM_PERIODIC PRUNE_BATCH PRUNE_CANCELLED_BATCH THROUGHPUT_ADD THROUGHPUT_PRUNE PAUSE RESUME RUNTIME_SEEN RUNTIME_GONE RUNTIMES_STALE NOTIFY_FREED SET_LIMITS CLEAR_LIMITS */
 /* statements writing only a column the protocol never reads, fenced, not modelled: CHECKPOINT */
 /* statements of the testing helpers, not modelled (a CLAIM of one row by id, run-afters moved to now, a read): CLAIM_ID MAKE_DUE FAILED_SINCE */
-/* statements claiming a kind whose limit holds per partition, not modelled yet (P8 per partition): CLAIM_PARTITIONED */
 
 /*
  * Switches.
@@ -75,6 +92,9 @@
  *   LIMN        with LIMIT: the limit (default 1)
  *   NU          with LIMIT: unkeyed rows, 1 to 3 (default 1)
  *   NW          runtimes, 2 or 3 (default 2; 3 only with LIMIT)
+ *   PARTITION   the limit holds per partition (LIMIT_LOCK, CLAIM_PARTITIONED); implies LIMIT
+ *   P1ROWS      with PARTITION: the row slots of partition 1, a bit each (default 4,
+ *               the first unkeyed row); the key's two slots are of one partition
  * Mutations, each one defect of the old protocol put back:
  *   MUT_FLIGHT_DROPPED  MUT_TX_CLAIM_IN_TX  MUT_TX_LEASE_LOST_COMMITS
  *   MUT_FENCE_DROP_COMPLETES  MUT_COALESCE_KEEPS_ATTEMPTS  MUT_BATCH_UNORDERED
@@ -82,6 +102,9 @@
  * and, with LIMIT, defects a claim of a limited kind must not have:
  *   MUT_LIMIT_NO_LOCK  MUT_LIMIT_LOCK_EARLY_RELEASE  MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
  *   MUT_LIMIT_PLAIN_CLAIM
+ * (the first three with PARTITION too), and, with PARTITION:
+ *   MUT_PARTITION_RANK_IGNORES_RUNNING  the ranking leaves a partition's running rows
+ *               out: a partition below its limit takes up to LIMN more
  */
 
 #ifdef BATCH
@@ -120,6 +143,11 @@ init {
 
 #else /* !BATCH: the main model */
 
+#ifdef PARTITION
+#ifndef LIMIT
+#define LIMIT           /* a limit per partition is a global limit, counted per partition */
+#endif
+#endif
 #if defined(MUT_TX_CLAIM_IN_TX) || defined(MUT_TX_LEASE_LOST_COMMITS)
 #define OLDTX           /* the old transaction mode: the claim inside the handler's transaction */
 #ifndef TXMODE
@@ -226,11 +254,22 @@ bit skipped;            /* ghost: a claim left a claimable row behind its floor 
 /* the kind's advisory lock (LIMIT_LOCK), and each runtime's limited claim transaction */
 byte lk;                /* 0: free, else runtime r + 1, whose transaction holds it */
 #define LOCKED  1       /* LIMIT_LOCK granted, CLAIM_LIMITED not yet run */
-#define TAKEN   2       /* CLAIM_LIMITED took row sr[r] (locked, uncommitted), COMMIT next */
+#define TAKEN   2       /* CLAIM_LIMITED took row sr[r] (CLAIM_PARTITIONED: the rows it
+                           holds locked while pending) uncommitted, COMMIT next */
 #define SNAP    3       /* MUT_LIMIT_SNAPSHOT_BEFORE_LOCK: the snapshot taken, the lock awaited */
 byte lt[NW];            /* runtime r's limited claim: 0 (none), LOCKED, TAKEN, SNAP */
+#ifdef PARTITION
+byte ah[NW];            /* the rows (a bit each) runtime r's last claim took, committed,
+                           whose handlers have not started: held ahead of its slot */
+byte ag[NR];            /* the payload (trigger number) of a row held ahead, as claimed */
+#endif
 #ifdef MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
+#ifndef PARTITION
 bit rm[NW];             /* the room its early snapshot saw */
+#else
+byte rm[NW];            /* the running rows its early snapshot saw: partition 0's plus 4
+                           times partition 1's */
+#endif
 #endif
 #endif
 
@@ -297,15 +336,18 @@ inline to_failed(i, perm) {
    past the runtime's floor, becomes running under a fresh token, its attempt counted;
    committed at once. CLAIM_SPLIT, the claim over several kinds whose limits add up to
    more than it takes, is the same step here: the model has one kind */
-inline CLAIM(r, i) {
+inline claim_row(r, i) {
     assert(row[i].gc < MAXATT);                 /* P5: at most max_attempts claims */
     assert((ok & BIT(row[i].gen)) == 0);        /* P6: a succeeded run is not run again */
     row[i].st = RUNNING; row[i].att++; row[i].gc++; row[i].tok = r + 1; fresh_ra(i);
 #ifdef OLDTX
-    row[i].ls = INF; row[i].lock = r + 1;       /* the row lock is the lease */
+    row[i].ls = INF; row[i].lock = r + 1        /* the row lock is the lease */
 #else
-    row[i].ls = LEASE;
+    row[i].ls = LEASE
 #endif
+}
+inline CLAIM(r, i) {
+    claim_row(r, i);
     ph[r] = RUN; sr[r] = i; sg[r] = row[i].gen
 }
 
@@ -351,13 +393,14 @@ inline FAIL(i, perm) {
     fi
 }
 
-/* RELEASE: snooze; the attempt is given back; run_after = least(rerun_after, now()+delay),
+/* RELEASE: snooze (delay 1), or the hand-back of a claim held ahead that found no slot
+   (delay 0); the attempt is given back; run_after = least(rerun_after, now()+delay),
    never before now (in the model's ticks, the same) */
-inline RELEASE(i) {
+inline RELEASE(i, delay) {
     row[i].st = PENDING; row[i].att--; row[i].gc--;
     if
-    :: row[i].rr -> row[i].ra = row[i].rd
-    :: else -> row[i].ra = 1
+    :: row[i].rr && row[i].rd < delay -> row[i].ra = row[i].rd
+    :: else -> row[i].ra = delay
     fi;
     row[i].rr = 0; row[i].rd = 0; row[i].tok = 0; row[i].ls = 0; fresh_ra(i)   /* never before now() */
 }
@@ -448,23 +491,27 @@ inline write_fail(r, perm) {
 #ifdef LIMIT
 /* UNKEYED(M): M(i) for each unkeyed row slot i (the slots after the key's two), for
    steps; UNKEYED_X the same, for expressions (which steps made by UNKEYED contain:
-   the preprocessor does not expand a macro inside itself) */
+   the preprocessor does not expand a macro inside itself), and UNKEYED_Y for the
+   counts inside those */
 #if NU == 1
 #define UNKEYED(M)      M(2)
 #define UNKEYED_X(M)    M(2)
+#define UNKEYED_Y(M)    M(2)
 #elif NU == 2
 #define UNKEYED(M)      M(2) M(3)
 #define UNKEYED_X(M)    M(2) M(3)
+#define UNKEYED_Y(M)    M(2) M(3)
 #elif NU == 3
 #define UNKEYED(M)      M(2) M(3) M(4)
 #define UNKEYED_X(M)    M(2) M(3) M(4)
+#define UNKEYED_Y(M)    M(2) M(3) M(4)
 #else
 #error "NU is 1, 2 or 3"
 #endif
 #define isrun(i)        (row[i].st == RUNNING -> 1 : 0)
 #define PLUS_RUN(i)     + isrun(i)
 #define OR_CLAIMABLE(i) || claimable(i)
-#define nrun            (isrun(0) + isrun(1) UNKEYED_X(PLUS_RUN))
+#define nrun            (isrun(0) + isrun(1) UNKEYED_Y(PLUS_RUN))
 #define anyclaimable    (claimable(0) || claimable(1) UNKEYED_X(OR_CLAIMABLE))
 /* P8: at most LIMN rows of the kind running, in every state */
 #define p8              (nrun <= LIMN)
@@ -501,6 +548,108 @@ inline CLAIM_LIMITED(r, i) {
     skip
 #endif
 }
+
+#ifdef PARTITION
+/* Partitions: each row is of partition 0 or 1, by its payload's partition field, which
+   never changes (every trigger of the key carries one value). The rows of P1ROWS (a
+   bit per row slot; by default the first unkeyed row alone) are partition 1's, the
+   others partition 0's. */
+#ifndef P1ROWS
+#define P1ROWS          4
+#endif
+#if (P1ROWS & 3) == 1 || (P1ROWS & 3) == 2
+#error "the key's two row slots are of one partition"
+#endif
+#define RB(i)           (1 << (i))
+#define part(i)         ((P1ROWS >> (i)) & 1)
+#define PLUS_RUN1(i)    + isrun(i) * part(i)
+#define prun1           (isrun(0) * part(0) + isrun(1) * part(1) UNKEYED_Y(PLUS_RUN1))
+#define prun(p)         ((p) == 1 -> prun1 : nrun - prun1)
+/* P9: at most LIMN rows of each partition running, in every state */
+#define p9              (nrun - prun1 <= LIMN && prun1 <= LIMN)
+
+/* the rows runtime r's CLAIM_PARTITIONED took: pending to everyone else, locked by it */
+#define taken(r, i)     (row[i].st == PENDING && row[i].lock == (r) + 1)
+#define istaken(r, i)   (taken(r, i) -> 1 : 0)
+#define PLUS_TAKEN(i)   + istaken(r, i)
+#define PLUS_TAKEN1(i)  + istaken(r, i) * part(i)
+#define ntk(r)          (istaken(r, 0) + istaken(r, 1) UNKEYED_Y(PLUS_TAKEN))
+#define ntk1(r)         (istaken(r, 0) * part(0) + istaken(r, 1) * part(1) UNKEYED_Y(PLUS_TAKEN1))
+#define ntaken(r, p)    ((p) == 1 -> ntk1(r) : ntk(r) - ntk1(r))
+
+/* the rows of partition p running in the claim's snapshot (taken after the lock: the
+   rows running now, as for CLAIM_LIMITED) */
+#ifdef MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
+#define snapshot        (prun(0) + 4 * prun(1))
+#define seen(r, p)      ((p) == 1 -> rm[r] >> 2 : rm[r] & 3)
+#else
+#define seen(r, p)      prun(p)
+#endif
+/* the rows of its partition that a row is ranked after: its running rows */
+#ifndef MUT_PARTITION_RANK_IGNORES_RUNNING
+#define ranked_after(r, p)  seen(r, p)
+#else
+#define ranked_after(r, p)  0                   /* the running rows left out */
+#endif
+/* CLAIM_PARTITIONED may take row i besides the rows it took: a claimable row whose
+   partition is not at its limit (the walk passes those), ranked within its partition
+   no further than LIMN after its running rows and the rows taken before it */
+#define fits(r, i)      (claimable(i) && seen(r, part(i)) < LIMN && \
+                         ranked_after(r, part(i)) + ntaken(r, part(i)) < LIMN)
+#define OR_FITS(i)      || fits(r, i)
+#define anyfits(r)      (fits(r, 0) || fits(r, 1) UNKEYED_X(OR_FITS))
+
+/* CLAIM_PARTITIONED takes one or more rows that fit, any of them (the claim order, the
+   number it asks for, and a row ranked before them that SKIP LOCKED passes are not
+   modelled: each only makes it take fewer): locks each (FOR NO KEY UPDATE SKIP LOCKED)
+   and writes it running, which no one else sees until the COMMIT. A statement: one
+   atomic step */
+#define PTAKE(i)        :: fits(r, i) -> row[i].lock = r + 1
+inline CLAIM_PARTITIONED(r) {
+    do
+    PTAKE(0)
+    PTAKE(1)
+    UNKEYED(PTAKE)
+    :: ntk(r) > 0 -> break
+    od;
+    lt[r] = TAKEN;
+#ifdef MUT_LIMIT_LOCK_EARLY_RELEASE
+    lk = 0                                      /* the lock let go before the COMMIT */
+#else
+    skip
+#endif
+}
+
+/* COMMIT: the rows it took become running (CLAIM's write), held ahead of the slot */
+#define COMMIT_ROW(i)   if \
+                        :: taken(r, i) -> row[i].lock = 0; claim_row(r, i); \
+                           ag[i] = row[i].gen; ah[r] = ah[r] | RB(i) \
+                        :: else -> skip \
+                        fi;
+/* a crash or a cut rolls back the rows it took */
+#define UNLOCK_TAKEN(i) if :: taken(r, i) -> row[i].lock = 0 :: else -> skip fi;
+/* a row held ahead is no longer: started, handed back, cancelled, or its runtime crashed */
+#if NW == 2
+#define unhold(i)       ah[0] = ah[0] & ~RB(i); ah[1] = ah[1] & ~RB(i); ag[i] = 0
+#else
+#define unhold(i)       ah[0] = ah[0] & ~RB(i); ah[1] = ah[1] & ~RB(i); ah[2] = ah[2] & ~RB(i); ag[i] = 0
+#endif
+#define UNHOLD(i)       if :: (ah[r] & RB(i)) != 0 -> unhold(i) :: else -> skip fi;
+/* a claim held ahead of a slot is renewed by its runtime's heartbeat, well within a
+   lease (the timing assumption, at the clock): its lease does not run down */
+#define ahead(r, i)     ((ah[r] & RB(i)) != 0 && row[i].tok == (r) + 1)
+#if NW == 2
+#define aheld(i)        (ahead(0, i) || ahead(1, i))
+#else
+#define aheld(i)        (ahead(0, i) || ahead(1, i) || ahead(2, i))
+#endif
+#define idle(r)         (ph[r] == IDLE && ah[r] == 0)
+#endif
+#endif
+#ifndef PARTITION
+#define unhold(i)       skip
+#define idle(r)         (ph[r] == IDLE)
+#define aheld(i)        false
 #endif
 
 /* ------------------------------------ actors ------------------------------------ */
@@ -527,10 +676,12 @@ end:
     /* producer, for a kind with a global limit: BEGIN; LIMIT_LOCK; CLAIM_LIMITED;
        COMMIT, with the runtime's slot free (its one slot: min(free, room) is 1 or 0).
        The claim order (priority, run_after, id) is not modelled: it takes any claimable
-       row. The ordinary CLAIM never takes the kind's rows. */
+       row. The ordinary CLAIM never takes the kind's rows. With PARTITION:
+       CLAIM_PARTITIONED in place of CLAIM_LIMITED, with the slot free and nothing held
+       ahead of it. */
 #ifndef MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
     /* LIMIT_LOCK: waits while another transaction holds the kind's lock */
-    :: d_step { ph[r] == IDLE && lt[r] == 0 && anyclaimable &&
+    :: d_step { idle(r) && lt[r] == 0 && anyclaimable &&
 #ifndef MUT_LIMIT_NO_LOCK
                 lk == 0 -> lk = r + 1;
 #else
@@ -541,9 +692,14 @@ end:
     /* the count's snapshot is taken before the lock is granted (the transaction's
        snapshot under REPEATABLE READ, taken at its first statement, LIMIT_LOCK, before
        it waits; or the lock taken inside the claim's own statement) */
-    :: d_step { ph[r] == IDLE && lt[r] == 0 && anyclaimable -> rm[r] = room_now; lt[r] = SNAP }
+#ifndef PARTITION
+    :: d_step { idle(r) && lt[r] == 0 && anyclaimable -> rm[r] = room_now; lt[r] = SNAP }
+#else
+    :: d_step { idle(r) && lt[r] == 0 && anyclaimable -> rm[r] = snapshot; lt[r] = SNAP }
+#endif
     :: d_step { lt[r] == SNAP && lk == 0 -> lk = r + 1; lt[r] = LOCKED }
 #endif
+#ifndef PARTITION
     /* CLAIM_LIMITED: room = LIMN less the rows running in its snapshot; takes one
        claimable row if there is room (SKIP LOCKED: a row another transaction holds,
        e.g. one another claim took and has not committed, is passed) */
@@ -557,10 +713,44 @@ end:
     /* COMMIT: the row becomes running (CLAIM's write: fresh token, lease, attempt
        counted) and the lock is released, in one instant */
     :: d_step { lt[r] == TAKEN -> row[sr[r]].lock = 0; limit_end(r); CLAIM(r, sr[r]) }
+#else /* PARTITION */
+    /* CLAIM_PARTITIONED: takes rows that fit in their partitions, one or more */
+    :: atomic { lt[r] == LOCKED && anyfits(r) -> CLAIM_PARTITIONED(r) }
+    /* ... or takes nothing (every claimable row is of a partition at its limit, or
+       nothing is claimable any more), and COMMIT */
+    :: d_step { lt[r] == LOCKED && !anyfits(r) -> limit_end(r) }
+    /* COMMIT: the rows become running (CLAIM's write) and the lock is released, in one
+       instant; they wait for the runtime's slot, held ahead of it, renewed */
+    :: d_step { lt[r] == TAKEN -> limit_end(r); COMMIT_ROW(0) COMMIT_ROW(1) UNKEYED(COMMIT_ROW) skip }
+    /* a row held ahead gets the free slot (in slot order: the claim order is not
+       modelled): its handler starts, with the payload its claim returned, if the claim
+       is still current */
+#define START_STEP(i)   :: d_step { ph[r] == IDLE && (ah[r] & RB(i)) != 0 && (ah[r] & (RB(i) - 1)) == 0 -> \
+            if \
+            :: current(r, i) -> ph[r] = RUN; sr[r] = i; sg[r] = ag[i] \
+            :: else -> skip \
+            fi; \
+            unhold(i) }
+    START_STEP(0)
+    START_STEP(1)
+    UNKEYED(START_STEP)
+    /* ... or finds no slot in time, and is handed back: RELEASE with no delay, which
+       waits for the row lock (hand-backs and snoozes, MAXSNOOZE in all) */
+#define BACK_STEP(i)    :: d_step { ph[r] != IDLE && (ah[r] & RB(i)) != 0 && row[i].lock == 0 && snoozes < MAXSNOOZE -> \
+            snoozes++; \
+            if \
+            :: current(r, i) -> RELEASE(i, 0) \
+            :: else -> skip \
+            fi; \
+            unhold(i) }
+    BACK_STEP(0)
+    BACK_STEP(1)
+    UNKEYED(BACK_STEP)
+#endif /* PARTITION */
 #ifdef MUT_LIMIT_PLAIN_CLAIM
     /* the last runtime does not know that the kind is limited (it has not read the
        operator's limit yet) and claims it with CLAIM */
-#define PLAIN_STEP(i)   :: d_step { r == NW - 1 && ph[r] == IDLE && lt[r] == 0 && claimable(i) -> CLAIM(r, i) }
+#define PLAIN_STEP(i)   :: d_step { r == NW - 1 && idle(r) && lt[r] == 0 && claimable(i) -> CLAIM(r, i) }
     PLAIN_STEP(0)
     PLAIN_STEP(1)
     UNKEYED(PLAIN_STEP)
@@ -635,7 +825,7 @@ end:
     :: d_step { ph[r] == RUN && snoozes < MAXSNOOZE && row[sr[r]].lock == 0 ->
             snoozes++;
             if
-            :: current(r, sr[r]) -> RELEASE(sr[r])
+            :: current(r, sr[r]) -> RELEASE(sr[r], 1)
             :: else -> skip
             fi;
             clear_slot(r) }
@@ -799,14 +989,15 @@ end:
        completion, fence, rescue or retry matches it, and it is not live), and its
        token is gone with its claim: it is modelled as deleted. A worker still running
        it (its runtime drops the handler, or has not heard yet) finds its every later
-       write refused. */
+       write refused. A claim held ahead of a slot (-DPARTITION) is dropped at once
+       (unhold): it would never start. */
     :: d_step { !cancelled && (row[0].st == PENDING || row[0].st == RUNNING) && row[0].lock == 0 ->
-            fate = fate | BIT(row[0].gen); clear_row(0); cancelled = 1 }
+            fate = fate | BIT(row[0].gen); clear_row(0); unhold(0); cancelled = 1 }
     :: d_step { !cancelled && (row[1].st == PENDING || row[1].st == RUNNING) && row[1].lock == 0 ->
-            fate = fate | BIT(row[1].gen); clear_row(1); cancelled = 1 }
+            fate = fate | BIT(row[1].gen); clear_row(1); unhold(1); cancelled = 1 }
 #ifdef LIMIT
 #define CANCEL_STEP(i)  :: d_step { !cancelled && live(i) && row[i].lock == 0 -> \
-            fate = fate | BIT(row[i].gen); clear_row(i); cancelled = 1 }
+            fate = fate | BIT(row[i].gen); clear_row(i); unhold(i); cancelled = 1 }
     UNKEYED(CANCEL_STEP)
 #endif
 #endif
@@ -848,6 +1039,12 @@ inline crash(r) {
 #ifdef MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
     rm[r] = 0;
 #endif
+#ifdef PARTITION
+    /* and the rows CLAIM_PARTITIONED took; its claims held ahead are lost (their
+       leases run out, and RESCUE takes them back) */
+    UNLOCK_TAKEN(0) UNLOCK_TAKEN(1) UNKEYED(UNLOCK_TAKEN)
+    UNHOLD(0) UNHOLD(1) UNKEYED(UNHOLD)
+#endif
 #endif
     clear_slot(r)
 }
@@ -863,7 +1060,7 @@ inline crash(r) {
 #ifndef OLDTX
 #ifdef LIMIT
 #define has_tx(r)   (has_tx0(r) || lt[r] != 0)  /* or its limited claim's transaction */
-#define busy(r)     (ph[r] != IDLE || lt[r] != 0)
+#define busy(r)     (!idle(r) || lt[r] != 0)
 #else
 #define has_tx(r)   has_tx0(r)
 #endif
@@ -883,7 +1080,12 @@ inline cut(r) {
         /* its limited claim rolls back: the row it took stays pending, the lock is
            released; the runtime claims again later */
         if
-        :: lt[r] == TAKEN -> row[sr[r]].lock = 0
+        :: lt[r] == TAKEN ->
+#ifndef PARTITION
+            row[sr[r]].lock = 0
+#else
+            UNLOCK_TAKEN(0) UNLOCK_TAKEN(1) UNKEYED(UNLOCK_TAKEN) skip
+#endif
         :: else -> skip
         fi;
         limit_end(r); sr[r] = 0;
@@ -928,7 +1130,7 @@ end:
    a claim that its runtime renews unless a transaction of the claim itself (fenced or
    transaction mode) holds the row, nor a completion that nothing holds up. Any other
    lease can expire between any two steps. */
-#define timed(i)    ((row[i].st == RUNNING && row[i].ls > 0 && row[i].ls != INF) || \
+#define timed(i)    ((row[i].st == RUNNING && row[i].ls > 0 && row[i].ls != INF && !aheld(i)) || \
                      (row[i].st == RUNNING && row[i].rd == 1) || \
                      (row[i].st == PENDING && row[i].ra == 1))
 #define due(r)      (row[sr[r]].tok == (r) + 1 && row[sr[r]].ls == 1 && \
@@ -938,7 +1140,7 @@ inline tick(i) {
     if
     :: row[i].st == RUNNING ->
         if
-        :: row[i].ls > 0 && row[i].ls != INF -> row[i].ls--
+        :: row[i].ls > 0 && row[i].ls != INF && !aheld(i) -> row[i].ls--
         :: else -> skip
         fi;
         row[i].rd = 0
@@ -987,9 +1189,12 @@ active proctype Monitor()
 end:
 #ifndef LIMIT
     atomic { !(p3 && p4) -> assert(false) }
-#else
+#elif !defined(PARTITION)
     /* and P8: at most LIMN rows of the kind running */
     atomic { !(p3 && p4 && p8) -> assert(p3 && p4); assert(p8) }
+#else
+    /* and P9: at most LIMN rows of each partition running */
+    atomic { !(p3 && p4 && p9) -> assert(p3 && p4); assert(p9) }
 #endif
 }
 
