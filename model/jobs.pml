@@ -56,9 +56,11 @@
  * Partitions (-DPARTITION, which implies -DLIMIT). The limit holds per partition: at
  * most LIMN rows of each partition running at once (P9; the kind as a whole may run
  * more, and P8 is not checked). Each row is of partition 0 or 1, by its payload's
- * partition field, which never changes: every trigger of the key carries one value (an
- * assumption: a coalescing trigger replaces the payload of a pending or running row,
- * and with it the partition its row is counted in, which is not modelled). The row
+ * partition field, which never changes here. (A coalescing trigger may give a row
+ * another payload; the implementation counts a running row in the partition its claim
+ * stamped on it, `jobs.part`, and locks a row only if it is still of the partition it
+ * was ranked in, so a row's partition, as the claims count it, changes only while it
+ * is pending and between claims, which the choice of rows in each step covers.) The row
  * slots of P1ROWS are partition 1's (by default the first unkeyed row alone), the
  * others partition 0's. The claim's transaction is LIMIT_LOCK, CLAIM_PARTITIONED,
  * COMMIT. CLAIM_PARTITIONED, one statement, counts the rows running per partition in

@@ -943,3 +943,59 @@ async fn a_partition_of_two_fields_holds_per_pair_of_values(pool: PgPool) {
     assert_eq!(REGIONS[1].most(), 1, "one job of (t, us) at once");
     assert_eq!(most_in_db, 2, "both regions ran side by side");
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(
+    kind = "limits.keyed",
+    key = "id",
+    global_concurrency = 1,
+    partition = "tenant"
+)]
+struct Keyed {
+    id: String,
+    tenant: String,
+    ms: u64,
+}
+
+/// Starts (true) and ends (false) of `limits.keyed`'s handlers, by tenant.
+static KEYED: std::sync::Mutex<Vec<(String, bool)>> = std::sync::Mutex::new(Vec::new());
+
+#[jobs::handler]
+async fn keyed(job: Keyed, _ctx: JobContext) -> Result<(), JobError> {
+    KEYED.lock().unwrap().push((job.tenant.clone(), true));
+    tokio::time::sleep(Duration::from_millis(job.ms)).await;
+    KEYED.lock().unwrap().push((job.tenant, false));
+    Ok(())
+}
+
+/// A running job counts in the partition it runs for, whatever a trigger that
+/// coalesces into it does to its payload: job `k1` of tenant `a` runs; a trigger of
+/// `k1` for tenant `b` marks it to run again (the row's payload is now `b`'s), and a
+/// job `k2` of tenant `a` waits for `k1`'s run to end.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_trigger_that_changes_a_running_jobs_partition_does_not_free_it(pool: PgPool) {
+    let job = |id: &str, tenant: &str, ms| Keyed {
+        id: id.into(),
+        tenant: tenant.into(),
+        ms,
+    };
+    job("k1", "a", 500).enqueue(&pool).await.unwrap();
+    let running = Running::start(runtime(&pool, &["limits.keyed"]));
+    wait_until("k1 runs", || async { !KEYED.lock().unwrap().is_empty() }).await;
+    job("k1", "b", 10).enqueue(&pool).await.unwrap();
+    job("k2", "a", 10).enqueue(&pool).await.unwrap();
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.keyed").await == 0
+    })
+    .await;
+    running.stop().await;
+    let log = KEYED.lock().unwrap().clone();
+    assert_eq!(log.len(), 6, "three runs: {log:?}");
+    let mut a_now = 0;
+    for (tenant, start) in &log {
+        if tenant == "a" {
+            a_now = if *start { a_now + 1 } else { a_now - 1 };
+            assert!(a_now <= 1, "two jobs of tenant a at once: {log:?}");
+        }
+    }
+}

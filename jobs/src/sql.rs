@@ -305,13 +305,28 @@ macro_rules! locking_scan {
 
 /// The update that claims the rows of the CTE `picked` (`wanted` gives each kind's
 /// lease): the CTE `claimed`, with the columns every claim returns. `$runtime` is the
-/// parameter of the claiming runtime's id, `$from` the time the lease runs from.
+/// parameter of the claiming runtime's id, `$from` the time the lease runs from; with
+/// `partitioned`, the claim also stamps each row's partition (`part`, [`partition_of!`]),
+/// which its run counts in from then on, whatever a coalescing enqueue does to its
+/// payload meanwhile.
 macro_rules! claimed {
     ($runtime:literal, $from:literal) => {
+        claimed!($runtime, $from, "")
+    };
+    ($runtime:literal, $from:literal, partitioned) => {
+        claimed!(
+            $runtime,
+            $from,
+            concat!("\n        part = ", partition_of!(), ",")
+        )
+    };
+    ($runtime:literal, $from:literal, $set:expr) => {
         concat!(
             r#"claimed AS (
     UPDATE jobs j SET
-        state = 'running',
+        state = 'running',"#,
+            $set,
+            r#"
         attempts = j.attempts + 1,
         claimed_by = gen_random_uuid(),
         runtime_id = "#,
@@ -671,13 +686,20 @@ macro_rules! partition_of {
 /// 100 running took 11 ms, and of 450 with 260 running 55 ms, where they now take 2
 /// and 6.
 ///
+/// A running job counts in the partition its claim stamped on it (`part`): a trigger
+/// that coalesces into it gives its row the next run's payload, perhaps of another
+/// partition, while it still runs for the first (counted by the payload, the first
+/// partition looked free, and a second job of it started). A row taken is locked only
+/// if it is still due and of the partition it was ranked in (a trigger may have
+/// changed either after the snapshot; the check is made again on the version locked).
+///
 /// Returns what [`CLAIM_LIMITED`] returns: the rows, and `cut` when it took less than
 /// `$2` while some partition was at a limit (the next claim waits for a job of the kind
 /// to end, or, with `wait`, until the first partition at its rate has room again), or
 /// `spare` when it took all `$2`.
 ///
 /// Index: `jobs_running` for the count per partition (reading each running row's
-/// payload); `jobs_starts_kind_at` for the window's starts and the delete (a range
+/// `part`, or its payload where an older runtime claimed it); `jobs_starts_kind_at` for the window's starts and the delete (a range
 /// each); `jobs_claim` for the walk, in its order, reading each row's payload; the
 /// primary key for the lock, the update, and the partitions of the rows taken.
 pub(crate) const CLAIM_PARTITIONED: &str = concat!(
@@ -686,9 +708,9 @@ WITH wanted AS MATERIALIZED (
     SELECT $1::text AS kind, $3::bigint AS lease_ms
 ),
 running AS MATERIALIZED (
-    SELECT "#,
+    SELECT coalesce(j.part, "#,
     partition_of!(),
-    r#" AS part, count(*) AS c
+    r#") AS part, count(*) AS c
     FROM jobs j
     WHERE j.state = 'running' AND j.kind = $1
     GROUP BY 1
@@ -715,7 +737,7 @@ walk AS MATERIALIZED (
     LIMIT $2 * 2 + 100
 ),
 ranked AS MATERIALIZED (
-    SELECT u.id, u.priority, u.run_after,
+    SELECT u.id, u.priority, u.run_after, u.part,
            sum(u.runs) OVER w <= $4 AND (sum(u.starts) OVER w <= $7 OR $7 IS NULL) AS fits
     FROM (
         SELECT NULL::bigint AS id, NULL::smallint AS priority,
@@ -729,16 +751,22 @@ ranked AS MATERIALIZED (
     WINDOW w AS (PARTITION BY u.part ORDER BY u.id IS NOT NULL, u.priority, u.run_after, u.id
                  ROWS UNBOUNDED PRECEDING)
 ),
+chosen AS MATERIALIZED (
+    SELECT r.id, r.part FROM ranked r WHERE r.id IS NOT NULL AND r.fits
+    ORDER BY r.priority, r.run_after, r.id LIMIT $2
+),
 picked AS MATERIALIZED (
     SELECT j.id
     FROM jobs j
-    WHERE j.id = ANY (ARRAY(SELECT id FROM ranked WHERE id IS NOT NULL AND fits
-                            ORDER BY priority, run_after, id LIMIT $2))
-      AND j.state = 'pending'
+    WHERE j.id = ANY (ARRAY(SELECT id FROM chosen))
+      AND j.state = 'pending' AND j.run_after <= now()
+      AND (j.id, "#,
+    partition_of!(),
+    r#") IN (SELECT c.id, c.part FROM chosen c)
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 "#,
-    claimed!("$5", "statement_timestamp()"),
+    claimed!("$5", "statement_timestamp()", partitioned),
     r#",
 logged AS (
     INSERT INTO jobs_starts (kind, at, n, part)
