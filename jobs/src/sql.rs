@@ -656,8 +656,8 @@ WHERE w.n < w.asked
 /// a claim's time.
 macro_rules! partition_of {
     () => {
-        "jsonb_build_array(j.payload -> $6[1], j.payload -> $6[2], \
-                           j.payload -> $6[3], j.payload -> $6[4])"
+        "jsonb_build_array(j.payload -> ($6::text[])[1], j.payload -> ($6::text[])[2], \
+                           j.payload -> ($6::text[])[3], j.payload -> ($6::text[])[4])"
     };
 }
 
