@@ -692,6 +692,9 @@ macro_rules! partition_of {
 /// partition looked free, and a second job of it started). A row taken is locked only
 /// if it is still due and of the partition it was ranked in (a trigger may have
 /// changed either after the snapshot; the check is made again on the version locked).
+/// The partitions ranked are looked up by id in one JSON object: written as `(id,
+/// partition) IN (..)`, the check became a join that probed `jobs_claim` once per row
+/// (25 ms for a claim of 689, where the claim took 8 ms).
 ///
 /// Returns what [`CLAIM_LIMITED`] returns: the rows, and `cut` when it took less than
 /// `$2` while some partition was at a limit (the next claim waits for a job of the kind
@@ -760,9 +763,9 @@ picked AS MATERIALIZED (
     FROM jobs j
     WHERE j.id = ANY (ARRAY(SELECT id FROM chosen))
       AND j.state = 'pending' AND j.run_after <= now()
-      AND (j.id, "#,
+      AND "#,
     partition_of!(),
-    r#") IN (SELECT c.id, c.part FROM chosen c)
+    r#" = (SELECT jsonb_object_agg(c.id, c.part) FROM chosen c) -> j.id::text
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 "#,
