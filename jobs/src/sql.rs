@@ -674,8 +674,7 @@ macro_rules! partition_of {
 /// concurrency and at their rate, looked up once per row), until it has `$2` * 2 + 100
 /// of the others; ranks them within their partition after its running jobs and after
 /// its starts in the window (one sort of the walk and the counts of the partitions
-/// below their limits, no join); and takes
-/// the first `$2` that fit both. It logs its starts per partition (`jobs_starts`, with
+/// below their limits, no join); and takes the first `$2` that fit both. It logs its starts per partition (`jobs_starts`, with
 /// `part`) and deletes those that left the window. A partition with a backlog never
 /// holds up another's jobs, but every claim walks past the backlog of each partition
 /// at a limit that comes first (a row and its payload each), and reads the partition
@@ -702,9 +701,10 @@ macro_rules! partition_of {
 /// `spare` when it took all `$2`.
 ///
 /// Index: `jobs_running` for the count per partition (reading each running row's
-/// `part`, or its payload where an older runtime claimed it); `jobs_starts_kind_at` for the window's starts and the delete (a range
-/// each); `jobs_claim` for the walk, in its order, reading each row's payload; the
-/// primary key for the lock, the update, and the partitions of the rows taken.
+/// `part`, or its payload where an older runtime claimed it); `jobs_starts_kind_at`
+/// for the window's starts and the delete (a range each); `jobs_claim` for the walk,
+/// in its order, reading each row's payload; the primary key for the lock and the
+/// update.
 pub(crate) const CLAIM_PARTITIONED: &str = concat!(
     r#"
 WITH wanted AS MATERIALIZED (
@@ -759,7 +759,9 @@ chosen AS MATERIALIZED (
     ORDER BY r.priority, r.run_after, r.id LIMIT $2
 ),
 picked AS MATERIALIZED (
-    SELECT j.id
+    SELECT j.id, "#,
+    partition_of!(),
+    r#" AS part
     FROM jobs j
     WHERE j.id = ANY (ARRAY(SELECT id FROM chosen))
       AND j.state = 'pending' AND j.run_after <= now()
@@ -773,12 +775,10 @@ picked AS MATERIALIZED (
     r#",
 logged AS (
     INSERT INTO jobs_starts (kind, at, n, part)
-    SELECT $1, statement_timestamp(), count(*), "#,
-    partition_of!(),
-    r#"
-    FROM jobs j
-    WHERE $8::bigint IS NOT NULL AND j.id = ANY (ARRAY(SELECT id FROM picked))
-    GROUP BY 4
+    SELECT $1, statement_timestamp(), count(*), p.part
+    FROM picked p
+    WHERE $8::bigint IS NOT NULL
+    GROUP BY p.part
 ),
 expired AS (
     DELETE FROM jobs_starts s
