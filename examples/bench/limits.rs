@@ -90,17 +90,7 @@ pub async fn run_partitions(n: u32, runs: usize) {
                     .run_until(async move { signal.notified().await })
                     .await
             });
-            loop {
-                let left: i64 =
-                    sqlx::query_scalar("SELECT count(*) FROM jobs WHERE kind = 'bench.tenant'")
-                        .fetch_one(&pool)
-                        .await
-                        .unwrap();
-                if left == 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            super::wait_empty(&pool, &["bench.tenant"]).await;
             rates.push(f64::from(n) / t.elapsed().as_secs_f64());
             stop.notify_one();
             rt.await.unwrap().unwrap();
@@ -194,17 +184,7 @@ pub async fn run(runs: usize) {
         let t = Instant::now();
         let watch = tokio::spawn(most_running(pool.clone(), stop.clone()));
         let children = spawn("bench.limited");
-        loop {
-            let left: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM jobs WHERE kind = 'bench.limited'")
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-            if left == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        super::wait_empty(&pool, &["bench.limited"]).await;
         let took = t.elapsed().as_secs_f64();
         stop.store(true, Ordering::SeqCst);
         let samples = watch.await.unwrap();

@@ -470,7 +470,7 @@ async fn drain(pool: &PgPool, n: u32, concurrency: usize, claims: Claims) -> (f6
             while DONE.load(Ordering::Relaxed) < n as usize {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
-            wait_empty(&watcher).await;
+            wait_empty(&watcher, BUSY_KINDS).await;
         })
         .await
         .unwrap();
@@ -478,14 +478,14 @@ async fn drain(pool: &PgPool, n: u32, concurrency: usize, claims: Claims) -> (f6
     (f64::from(n) / elapsed, cpu_seconds() - cpu)
 }
 
-/// Waits until no job of the benchmark's kind is claimable now or running (W4's
-/// backlog scheduled an hour ahead stays).
+/// Waits until no job of `kinds` is claimable now or running (W4's backlog scheduled
+/// an hour ahead stays).
 ///
 /// Two index probes (`jobs_running`, and the first entry of `jobs_claim` for the kind
 /// at priority 0, which every benchmark job has). A `count(*)` with the same conditions
 /// was planned as a sequential scan of W4's two million rows, 250 to 400 ms per check,
 /// and that time was counted in W4's drain.
-async fn wait_empty(pool: &PgPool) {
+async fn wait_empty(pool: &PgPool, kinds: &[&str]) {
     loop {
         let live: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM jobs WHERE kind = ANY($1) AND state = 'running') \
@@ -493,7 +493,7 @@ async fn wait_empty(pool: &PgPool) {
                         WHERE (SELECT min(run_after) FROM jobs \
                                WHERE kind = k.kind AND state = 'pending' AND priority = 0) <= now())",
         )
-        .bind(BUSY_KINDS)
+        .bind(kinds)
         .fetch_one(pool)
         .await
         .unwrap();
@@ -812,7 +812,7 @@ async fn w5(n: u32, runs: usize) {
                         .unwrap()
                 })
                 .collect();
-            wait_empty(&pool).await;
+            wait_empty(&pool, BUSY_KINDS).await;
             rates.push(f64::from(n) / t.elapsed().as_secs_f64());
             for mut child in children {
                 let _ = child.start_kill();
