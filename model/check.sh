@@ -127,7 +127,7 @@ run mut-tx-lease-lost-commits  bfs  error -DMUT_TX_LEASE_LOST_COMMITS -DMAXFAULT
 run mut-fence-drop-completes   live error -DMUT_FENCE_DROP_COMPLETES
 run mut-coalesce-keeps-attempts bfs error -DMUT_COALESCE_KEEPS_ATTEMPTS
 run mut-batch-unordered        bfs  error -DBATCH -DMUT_BATCH_UNORDERED
-run mut-floor-blind-to-writers bfs  error -DMUT_FLOOR_BLIND_TO_WRITERS
+run mut-late-commit-keeps-run-after bfs error -DMUT_LATE_COMMIT_KEEPS_RUN_AFTER
 run mut-floor-passes-locked    bfs  error -DMUT_FLOOR_PASSES_LOCKED
 run mut-rerun-keeps-run-after  bfs  error -DMUT_RERUN_KEEPS_RUN_AFTER
 # The limit's: each must break P8.

@@ -17,23 +17,27 @@
  * (b) `writers`: a transaction in progress at the claim's snapshot that writes or
  * locks rows of `jobs` may commit a pending row the claim could not see; the runtime
  * passes it back to its next claims, and the first one whose snapshot sees it ended
- * starts its scans at the time it began writing (`since`), and the floors come down to
- * it (and `waiting`: a statement waiting for a lock holds the floors below its wait's
- * start). (c): every statement that makes a row pending gives it a run-after no
- * earlier than its own start, which no floor has passed.
+ * reports the time it began writing (`since`), from which the runtime's probe looks
+ * behind the floors (and `waiting`: a statement waiting for a lock holds the floors
+ * below its wait's start). (c): every statement that makes a row pending gives it a
+ * run-after no earlier than its own start, which no floor has passed. (d): a
+ * transaction that commits late re-stamps the run-after of each row it made pending
+ * at its commit (the deferred trigger `jobs_late_commit`, migration 13), so no floor
+ * has passed it either; a statement on its own commits within the lag of its start.
  *
  * Here a floor is kept relative to each row: `fl` (a bit per runtime and row slot)
  * says that the runtime's floor has passed the row's run-after (for a running row with
  * a re-run mark, the mark's rerun_after), `fn` the same for the run-after of the
- * application's uncommitted statement, `lb` the look-backs (b) owed. A CLAIM never
- * takes a row behind its floor (the step not taken). A claim that takes none of the
- * modelled rows (it takes other rows, of other keys, later in claim order, which are
- * not modelled) moves its floor past a row only where (a) allows it; past a writer's
- * row, (b) makes its next claim after the writer ends look back over it. With
- * -DHOLDBACK, (b) is kept the way it was first built: no floor passes a writer in
- * progress. P7 (a committed, due, unlocked job is taken by the next claim of a runtime
- * with a free slot) and p2 rely on (a)-(c) and on nothing else: the probe behind the floors (PROBE)
- * is a step that may run or not.
+ * application's uncommitted statement. A CLAIM never takes a row behind its floor (the
+ * step not taken). A claim that takes none of the modelled rows (it takes other rows,
+ * of other keys, later in claim order, which are not modelled) moves its floor past a
+ * row only where (a) allows it, or past a writer's row, which (d) re-stamps at its
+ * commit. With -DHOLDBACK, (b) is kept the way it was first built: no floor passes a
+ * writer in progress. P7 (a committed, due, unlocked job is taken by the next claim of
+ * a runtime with a free slot: within a bounded number of steps of its commit) and p2
+ * rely on (a), (c) and (d) and on nothing else: the probe behind the floors (PROBE),
+ * and with it the look back of (b) from a writer's time, is a step that may run or
+ * not.
  *
  * Global limit (-DLIMIT). The modelled kind has a global concurrency limit LIMN: at
  * most LIMN of its rows `running` at once, across every runtime. The ordinary CLAIM
@@ -89,7 +93,7 @@
  *   MAXFAULT    crashes plus session cuts (default 2)
  *   NT          triggers the application sends (default 2)
  *   HOLDBACK    (b) by floors held below a writer in progress (default: floors pass
- *               it, and the next claim after it ends looks back over its rows)
+ *               it, and its commit re-stamps its rows, (d))
  *   LIMIT       the kind has a global concurrency limit (LIMIT_LOCK, CLAIM_LIMITED)
  *   LIMN        with LIMIT: the limit (default 1)
  *   NU          with LIMIT: unkeyed rows, 1 to 3 (default 1)
@@ -100,7 +104,7 @@
  * Mutations, each one defect of the old protocol put back:
  *   MUT_FLIGHT_DROPPED  MUT_TX_CLAIM_IN_TX  MUT_TX_LEASE_LOST_COMMITS
  *   MUT_FENCE_DROP_COMPLETES  MUT_COALESCE_KEEPS_ATTEMPTS  MUT_BATCH_UNORDERED
- *   MUT_FLOOR_BLIND_TO_WRITERS  MUT_FLOOR_PASSES_LOCKED  MUT_RERUN_KEEPS_RUN_AFTER
+ *   MUT_LATE_COMMIT_KEEPS_RUN_AFTER  MUT_FLOOR_PASSES_LOCKED  MUT_RERUN_KEEPS_RUN_AFTER
  * and, with LIMIT, defects a claim of a limited kind must not have:
  *   MUT_LIMIT_NO_LOCK  MUT_LIMIT_LOCK_EARLY_RELEASE  MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
  *   MUT_LIMIT_PLAIN_CLAIM
@@ -247,8 +251,6 @@ byte snoozes;
    passed the run-after that the application's uncommitted statement wrote */
 byte fl;
 byte fn;
-byte lb;                /* bits of `fl` that runtime r's next claim looks back over, their
-                           writer having ended (b) */
 bit ad;                 /* that statement's delay: its run_after = now() + ad */
 bit skipped;            /* ghost: a claim left a claimable row behind its floor (P7) */
 
@@ -282,7 +284,7 @@ byte rm[NW];            /* the running rows its early snapshot saw: partition 0'
 /* the bits of row i for the runtimes whose floors passed the application's statement */
 #define fnfl(i)         (((fn & 1) * FB(0, i)) | ((fn >> 1) * FB(1, i)))
 /* the row's run-after is new (c): no floor has passed it */
-#define fresh_ra(i)     fl = fl & ~rowfl(i); lb = lb & ~rowfl(i)
+#define fresh_ra(i)     fl = fl & ~rowfl(i)
 
 #define BIT(g)          (1 << (g))
 #define current(r, i)   (row[i].tok == (r) + 1 && row[i].ls > 0)
@@ -451,7 +453,7 @@ inline write_fail(r, perm) {
    in claim order) may move its floor past, by its report:
    - a row the application's transaction wrote and has not committed (inserted,
      coalesced, or a re-run mark), once its run-after is due: yes, its transaction is
-     one of the claim's writers (b), which the runtime looks back to when it ends (with
+     one of the claim's writers (b), and its commit re-stamps the row (d) (with
      -DHOLDBACK: never, the floor stays below the time it wrote);
    - a pending, due row locked by another transaction (the application's, with or
      without a write to it): never, the scan skipped it and `held_back` keeps the floor
@@ -462,24 +464,23 @@ inline write_fail(r, perm) {
    out. Such claims are made for a runtime's other slots too (not modelled), so they
    may run in any phase. */
 #define app_row         (row[0].lock == APP || row[1].lock == APP)
-#if (defined(HOLDBACK) && !defined(MUT_FLOOR_BLIND_TO_WRITERS)) || defined(LIMIT)
+#if defined(HOLDBACK) || defined(LIMIT)
 #define passes_new(r)   false
 #else
 #define passes_new(r)   (app_row && ad == 0 && (fn & BIT(r)) == 0)
 #endif
-/* (b): a claim reports the writers in progress at its snapshot; the runtime passes
-   them to its next claims, and the first one whose snapshot sees a writer ended starts
-   its scans at the time that writer began writing (`since`), and the runtime lowers its
-   floors to it. Every runtime whose floor passed the writer's run-after saw it in
-   progress (a statement runs for less than the lag before it writes), so at the
-   writer's end each gets a look-back over the row (`lb`), which its next claim takes
-   before it scans. */
-#if !defined(HOLDBACK) && !defined(MUT_FLOOR_BLIND_TO_WRITERS)
-#define ended(i)        lb = lb | fnfl(i)
-#define look_back(r)    fl = fl & ~(lb & rtfl(r)); lb = lb & ~rtfl(r)
+/* (d): the commit of the application's transaction re-stamps a row it leaves pending
+   (`jobs_late_commit`: its run-after becomes the commit's time, which no floor has
+   passed); a re-run mark keeps its rerun_after, which the floors that passed the
+   statement have passed (the row is made pending later with a new run-after, (c)).
+   With MUT_LATE_COMMIT_KEEPS_RUN_AFTER a pending row keeps the run-after its statement
+   wrote: the floors that passed it while it was uncommitted have passed the row, and
+   only the look back of (b), in the probe, which may not run before the next claim,
+   finds it. */
+#if defined(MUT_LATE_COMMIT_KEEPS_RUN_AFTER)
+#define committed_fl(i) fnfl(i)
 #else
-#define ended(i)        skip
-#define look_back(r)    skip
+#define committed_fl(i) (row[i].st == RUNNING -> fnfl(i) : 0)
 #endif
 #ifdef MUT_FLOOR_PASSES_LOCKED
 #define passes_locked(r, i) (row[i].st == PENDING && row[i].ra == 0 && row[i].lock != 0 && !behind(r, i))
@@ -664,7 +665,6 @@ end:
 #ifndef LIMIT
     /* producer: a claim with the runtime's slot free, from its floors */
     :: d_step { ph[r] == IDLE && (claimable(0) || claimable(1)) ->
-            look_back(r);
             skipped = skips(r); assert(!skipped);      /* P7 */
             if
             :: takes(r, 0) -> CLAIM(r, 0)
@@ -951,8 +951,8 @@ active proctype App()
             :: else -> assert(false)
             fi;
             /* the floors that passed the statement's run-after while it was
-               uncommitted have passed the row's (or its mark's) */
-            fl = (fl & ~rowfl(i)) | fnfl(i); ended(i);
+               uncommitted have passed its mark's, not a pending row's (d) */
+            fl = (fl & ~rowfl(i)) | committed_fl(i);
             row[i].gen = g; row[i].lock = 0; last = g; g++; ad = 0; fn = 0 }
         :: d_step {
             if
@@ -1033,7 +1033,7 @@ inline crash(r) {
     :: else -> skip
     fi;
     /* it starts again with no floors */
-    fl = fl & ~rtfl(r); fn = fn & ~BIT(r); lb = lb & ~rtfl(r);
+    fl = fl & ~rtfl(r); fn = fn & ~BIT(r);
 #ifdef LIMIT
     /* its limited claim rolls back (the row it took was unlocked above): the rows stay
        pending, the lock is released */

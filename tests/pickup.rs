@@ -264,6 +264,134 @@ async fn an_operator_retry_inside_a_transaction_starts_at_its_commit(pool: PgPoo
     rt.stop().await;
 }
 
+/// The run-after of job `id`, and the database's time now, in seconds since the epoch.
+async fn run_after(pool: &PgPool, id: i64) -> (f64, f64) {
+    sqlx::query_as(
+        "SELECT extract(epoch FROM run_after)::float8, extract(epoch FROM clock_timestamp())::float8 \
+         FROM jobs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A transaction that commits late re-stamps what it made pending (migration 13): an
+/// insert, a trigger coalesced into a pending job, an operator's retry. Its rows are then
+/// not behind the floors the claims moved meanwhile, and no claim waits for a look back
+/// over what was claimed since the transaction began. What commits on time, a delayed
+/// job, and a statement on its own keep their run-afters.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_late_commit_restamps_what_it_made_pending(pool: PgPool) {
+    let late = Duration::from_millis(300);
+    let keyed = Work {
+        n: 1,
+        key: Some("k".to_owned()),
+    }
+    .enqueue(&pool)
+    .await
+    .unwrap()
+    .id;
+    let failed = Work { n: 2, key: None }.enqueue(&pool).await.unwrap().id;
+    sqlx::query("UPDATE jobs SET state = 'failed', finished_at = now() WHERE id = $1")
+        .bind(failed)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    let inserted = Work { n: 3, key: None }.enqueue(&mut *tx).await.unwrap().id;
+    let coalesced = Work {
+        n: 4,
+        key: Some("k".to_owned()),
+    }
+    .enqueue(&mut *tx)
+    .await
+    .unwrap();
+    assert!(!coalesced.inserted());
+    jobs::admin::retry(&mut *tx, failed).await.unwrap();
+    let delayed = Work { n: 5, key: None }
+        .enqueue_with(
+            &mut *tx,
+            EnqueueOptions::new().delay(Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap()
+        .id;
+    tokio::time::sleep(late).await;
+    let on_time = Work { n: 6, key: None }.enqueue(&mut *tx).await.unwrap().id;
+    let written = run_after(&pool, keyed).await.1;
+    tx.commit().await.unwrap();
+
+    for (what, id) in [
+        ("an insert", inserted),
+        ("a coalesced trigger", keyed),
+        ("a retry", failed),
+    ] {
+        let (at, now) = run_after(&pool, id).await;
+        assert!(
+            at > written && at <= now,
+            "{what}: run-after {at} not re-stamped at the commit (after {written})"
+        );
+    }
+    let (on_time_at, _) = run_after(&pool, on_time).await;
+    assert!(
+        on_time_at <= written,
+        "committed on time: kept its run-after"
+    );
+    let (delayed_at, now) = run_after(&pool, delayed).await;
+    assert!(delayed_at > now + 3000.0, "a delayed job keeps its delay");
+
+    // A statement on its own keeps its run-afters, however long it ran.
+    let alone: i64 = sqlx::query_scalar(
+        "INSERT INTO jobs (kind, payload, max_attempts, run_after) \
+         SELECT 'pk.job', '{\"n\": 7, \"key\": null}', 3, now() - interval '1 hour' \
+         FROM pg_sleep(0.2) RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let (alone_at, now) = run_after(&pool, alone).await;
+    assert!(
+        alone_at < now - 3000.0,
+        "a statement on its own: not re-stamped"
+    );
+}
+
+/// The worst case left to the look back: a commit that becomes visible more than the
+/// floors' lag after the re-stamp (here a deferred trigger of the application's that
+/// sleeps after it, as a commit that waits for a synchronous standby would). The
+/// claims pass its row meanwhile; the claim that sees its transaction end reports it,
+/// and the probe looks behind the floors from that transaction's start at once, not at
+/// the poll (once an hour here).
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_commit_visible_long_after_its_restamp_is_found_by_the_look_back(pool: PgPool) {
+    setup(&pool).await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_sleep(0.6); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER zz_slow_commit AFTER INSERT ON jobs \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+         WHEN ((NEW.payload->>'n')::int = 1) EXECUTE FUNCTION slow_commit();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let rt = hourly(&pool, &["pk.job"]);
+    let stream = Stream::start(&pool);
+    let_claims_pass().await;
+    let mut tx = pool.begin().await.unwrap();
+    Work { n: 1, key: None }.enqueue(&mut *tx).await.unwrap();
+    let_claims_pass().await;
+    tx.commit().await.unwrap();
+    wait_until("the job behind the floors starts", || async {
+        started(&pool, 1).await == 1
+    })
+    .await;
+    drop(stream);
+    rt.stop().await;
+}
+
 /// A row left behind the floors where no claim could report it (here a raw insert with
 /// a run-after an hour old, as a claimer that died holding rows leaves them): the
 /// probe, which runs every poll interval, finds it.

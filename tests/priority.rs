@@ -66,6 +66,17 @@ async fn enqueue(pool: &PgPool, n: i64, priority: i16, ago_ms: i64) -> i64 {
     id
 }
 
+/// The first six columns of a claim's row: id, kind, attempt, max attempts, token,
+/// payload.
+type Claimed = (
+    Option<i64>,
+    Option<String>,
+    Option<i32>,
+    Option<i32>,
+    Option<uuid::Uuid>,
+    Option<String>,
+);
+
 /// Claims up to `n` jobs of the kinds with the runtime's statement `sql`, each kind
 /// allowed `n`, with no floors; the claimed payloads' `n`, sorted.
 async fn claim(
@@ -75,7 +86,9 @@ async fn claim(
     each: i32,
     total: i32,
 ) -> Vec<i64> {
-    let rows: Vec<(i64, String, i32, i32, uuid::Uuid, String)> = sqlx::query_as(sql)
+    // A claim that takes nothing returns one row, its report alone (the job's columns
+    // NULL): the payload is the sixth column.
+    let rows: Vec<Claimed> = sqlx::query_as(sql)
         .bind(kinds)
         .bind(vec![each; kinds.len()])
         .bind(vec![60_000i64; kinds.len()])
@@ -89,7 +102,7 @@ async fn claim(
         .unwrap();
     let mut ns: Vec<i64> = rows
         .iter()
-        .filter_map(|r| serde_json::from_str::<serde_json::Value>(&r.5).ok())
+        .filter_map(|r| serde_json::from_str::<serde_json::Value>(r.5.as_deref()?).ok())
         .filter_map(|v| v["n"].as_i64())
         .collect();
     ns.sort_unstable();

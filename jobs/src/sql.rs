@@ -9,8 +9,9 @@
 /// Its run-after counts from the statement's start, not the transaction's (`now()`):
 /// a job enqueued late in a long transaction is then not older, in claim order, than
 /// jobs committed while that transaction ran, and a claim that starts at its floor
-/// ([`CLAIM_FROM`]) finds it at once unless the transaction commits more than
-/// [`CLAIM_FLOOR_LAG`] after the enqueue.
+/// ([`CLAIM`]) finds it at once. A transaction that commits more than 50 ms after
+/// the enqueue re-stamps the row's run-after at its commit (migration 13,
+/// `jobs_late_commit`), so that it is not behind the floors then either.
 ///
 /// `$1` kind, `$2` key, `$3` payload (JSON text), `$4` max_attempts, `$5` delay in ms,
 /// `$6` whether to notify, `$7` an absolute run-after instead of the delay (or NULL):
@@ -230,27 +231,30 @@ macro_rules! write_lock_on_jobs {
 macro_rules! floor_of {
     ($w:literal, $p:literal) => {
         concat!(
-            "least(coalesce(to_timestamp(",
+            "coalesce(to_timestamp(",
             $w,
             ".floors[(",
             $w,
             ".ord - 1) * 10 + ",
             $p,
-            " + 1]), '-infinity'), coalesce(to_timestamp(",
-            $w,
-            ".since), 'infinity'))"
+            " + 1]), '-infinity')"
         )
     };
 }
 
 /// What both claims start with: the statement's snapshot, and `wanted`, one row per
-/// kind (`kind, n, lease_ms, ord`) with its floors and `since`.
+/// kind (`kind, n, lease_ms, ord`) with its floors.
 ///
 /// `$7` and `$8` are the writers the runtime's earlier claims reported in progress
 /// (xids), each with the time its rows may date from, less the lag: when one of them
 /// has completed by this snapshot (`pg_visible_in_snapshot`), its rows are visible now,
-/// perhaps behind the floors, so every scan of this claim starts no later than the
-/// earliest such time (`since`), and the runtime lowers its floors to it.
+/// perhaps behind the floors. The claim reports the earliest such time (`since`), and
+/// the runtime looks behind its floors from there with its probe ([`PROBE`]), beside the
+/// claims: a look back over a long transaction's time walks the entries of every job
+/// claimed meanwhile, which that transaction kept from being marked dead (about 100 ms
+/// for 60 s at 1,000 jobs/s), and the claims do not wait for it. What an application's
+/// transaction makes pending it rarely needs: a late commit re-stamps its rows
+/// (migration 13, `jobs_late_commit`), so they are not behind the floors.
 macro_rules! claim_head {
     () => {
         r#"
@@ -263,7 +267,7 @@ ended AS MATERIALIZED (
     WHERE pg_visible_in_snapshot(e.xid::text::xid8, snap.s)
 ),
 wanted AS (
-    SELECT w.*, $5::float8[] AS floors, (SELECT since FROM ended) AS since
+    SELECT w.*, $5::float8[] AS floors
     FROM unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, n, lease_ms, ord)
 ),"#
     };
@@ -370,14 +374,16 @@ macro_rules! claimed {
 /// makes a row pending sets a run-after no earlier than its own start, so such a row's
 /// run-after is no earlier than the time its transaction got its xid, which the runtime
 /// dates by the `xmax` of its earlier claims' snapshots; the next claim after one of
-/// them completes starts its scans there (`$7`, `$8`, [`claim_head!`]). Floors are not
-/// held back while a writer runs, only looked behind once when it ends. A transaction
+/// them completes reports that time (`since`, [`claim_head!`]), and the runtime's probe
+/// looks behind the floors from there. Floors are not held back while a writer runs,
+/// only looked behind once when it ends. A transaction
 /// that holds the vacuum horizon without touching `jobs` (an idle session, a report) is
 /// not a writer. And `waiting`: when the longest wait for a lock began among the
 /// statements on `jobs` (an enqueue waiting for its key's lock, say): such a statement
 /// has no xid yet, and its run-after dates from before the wait, so floors stay below
-/// that while it waits. `pg_locks` is read once per claim that takes rows (about
-/// 0.1 ms); `waitstart` needs PostgreSQL 14.
+/// that while it waits. `pg_locks` is read once per claim (about 0.1 ms), and a claim
+/// that takes nothing still returns one row, its id NULL, with this report: an idle
+/// runtime learns of a writer's end too. `waitstart` needs PostgreSQL 14.
 macro_rules! claim_tail {
     () => {
         concat!(
@@ -450,7 +456,7 @@ SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.wait
        (SELECT extract(epoch FROM p.first)::float8 FROM passed p
         WHERE p.kind = c.kind AND p.priority = c.priority) AS held_back,
        wr.at, wr.xmax, wr.writers, wr.waiting, (SELECT since FROM ended) AS since
-FROM claimed c CROSS JOIN writers wr
+FROM writers wr LEFT JOIN claimed c ON true
 "#
         )
     };
@@ -498,7 +504,7 @@ pub(crate) const CLAIM_MAX_PER_KIND: usize = 1_000;
 /// waited past its run-after (database clock), the run-after and priority (the
 /// runtime's floors), `held_back` (see [`claim_tail!`]), and, the same on every row,
 /// the claim's `now()`, its snapshot's `xmax`, the writers in progress, the longest
-/// wait, and the `since` this claim applied ([`claim_head!`]).
+/// wait, and `since` ([`claim_head!`]); when it takes nothing, one row of these alone.
 pub(crate) const CLAIM: &str = concat!(
     claim_head!(),
     r#"
@@ -824,10 +830,14 @@ pub(crate) const NOTIFY_FREED: &str =
 /// So a runtime starts each claim at a floor: the latest run-after it has claimed of
 /// the kind at that priority, less this lag. Every statement that makes a row pending
 /// sets a run-after no earlier than its own start (enqueue, FAIL, RELEASE, RESCUE,
-/// COMPLETE_KEEP, the operator's retry), so the rows behind a floor are claimed rows,
-/// except three kinds, each of which the claims themselves report ([`claim_tail!`]): a
-/// row whose transaction was still in progress (when it ends, the next claim looks
-/// back to the time it began writing, however late it commits), a row that was locked
+/// COMPLETE_KEEP, the operator's retry), and a transaction block that commits late
+/// re-stamps the rows it made pending at its commit (migration 13), so the rows behind
+/// a floor are claimed rows, except three kinds, each of which the claims themselves
+/// report ([`claim_tail!`]): a row whose transaction was still in progress and that
+/// its commit did not re-stamp (a statement on its own that ran longer than this lag, a
+/// commit that became visible longer than this lag after its re-stamp: when the
+/// transaction ends, the probe looks behind the floors from the time it began
+/// writing), a row that was locked
 /// while the claim passed it (the floor stays at it), and a row whose statement waited
 /// for a lock before it wrote (floors stay below the wait meanwhile). A probe beside
 /// the claims ([`PROBE`]) finds what is left behind anyway (a claimer killed while

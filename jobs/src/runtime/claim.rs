@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 use super::executor::{self, Claimed};
-use super::floors::Floors;
+use super::floors::{Floors, Snapshot};
 use super::{Shared, observe};
 use crate::enqueue::millis;
 use crate::registry::HandlerInfo;
@@ -29,11 +29,6 @@ pub(super) struct ClaimRow {
     pub(super) run_after: Option<f64>,
     pub(super) priority: i16,
     pub(super) held_back: Option<f64>,
-    pub(super) at: Option<f64>,
-    pub(super) xmax: Option<i64>,
-    pub(super) writers: Option<Vec<i64>>,
-    pub(super) waiting: Option<f64>,
-    pub(super) since: Option<f64>,
 }
 
 impl ClaimRow {
@@ -52,26 +47,43 @@ impl ClaimRow {
             run_after: row.try_get("run_after")?,
             priority: row.try_get("priority")?,
             held_back: None,
-            at: None,
-            xmax: None,
-            writers: None,
-            waiting: None,
-            since: None,
         })
     }
 }
 
-impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for ClaimRow {
-    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+/// What a claim returned: the rows it took, and its report on the floors (every row of
+/// [`sql::CLAIM`] carries it; a claim that took nothing returns it alone, on a row
+/// whose id is NULL).
+pub(super) struct Taken {
+    pub(super) rows: Vec<ClaimRow>,
+    pub(super) snapshot: Option<Snapshot>,
+}
+
+impl Taken {
+    fn read(rows: &[sqlx::postgres::PgRow]) -> Result<Taken, sqlx::Error> {
         use sqlx::Row;
-        Ok(ClaimRow {
-            held_back: row.try_get("held_back")?,
-            at: row.try_get("at")?,
-            xmax: row.try_get("xmax")?,
-            writers: row.try_get("writers")?,
-            waiting: row.try_get("waiting")?,
-            since: row.try_get("since")?,
-            ..ClaimRow::job(row)?
+        let snapshot = match rows.first() {
+            Some(first) => Some(Snapshot {
+                at: first.try_get("at")?,
+                xmax: first.try_get("xmax")?,
+                writers: first.try_get("writers")?,
+                waiting: first.try_get("waiting")?,
+                since: first.try_get("since")?,
+            }),
+            None => None,
+        };
+        let mut taken = Vec::with_capacity(rows.len());
+        for row in rows {
+            if row.try_get::<Option<i64>, _>("id")?.is_some() {
+                taken.push(ClaimRow {
+                    held_back: row.try_get("held_back")?,
+                    ..ClaimRow::job(row)?
+                });
+            }
+        }
+        Ok(Taken {
+            rows: taken,
+            snapshot,
         })
     }
 }
@@ -186,10 +198,10 @@ impl Ask {
         &self,
         shared: &Shared,
         conn: &mut PoolConnection<Postgres>,
-    ) -> Result<Vec<ClaimRow>, sqlx::Error> {
-        crate::pooler::alone!(
+    ) -> Result<Taken, sqlx::Error> {
+        let rows = crate::pooler::alone!(
             &mut **conn,
-            crate::pooler::query_as(self.statement)
+            crate::pooler::query(self.statement)
                 .bind(&self.kinds)
                 .bind(&self.limits)
                 .bind(&self.leases)
@@ -200,7 +212,8 @@ impl Ask {
                 .bind(&self.writers.1),
             fetch_all
         )
-        .await
+        .await?;
+        Taken::read(&rows)
     }
 }
 

@@ -15,9 +15,14 @@
 //!   claim could not see, written no earlier than the time its xid was assigned. The
 //!   claims' snapshots (`xmax`, and the claim's `now()`) date each xid: it was assigned
 //!   after the latest earlier claim whose `xmax` it reaches. The claims after pass them
-//!   back; the first one whose snapshot sees a writer completed starts every scan at
-//!   that writer's time (`since`), and the floors come down to it. A writer that runs
-//!   for minutes holds no floor back meanwhile: its rows cannot be seen until it ends;
+//!   back; the first one whose snapshot sees a writer completed reports that writer's
+//!   time (`since`), and the probe beside the claims looks behind the floors from there
+//!   (the claims do not wait for that walk: a writer of a minute under load leaves a
+//!   minute of claimed jobs' entries to walk), lowering a floor to what it finds. A
+//!   writer that runs for minutes holds no floor back meanwhile: its rows cannot be
+//!   seen until it ends. An application's transaction that commits late re-stamps the
+//!   rows it made pending (migration 13): they are found by the claims at once, and
+//!   the look behind finds nothing of them;
 //! - `waiting`: a statement on the table waits for a lock (an enqueue waiting for its
 //!   key's lock): it has no xid yet, and its run-after dates from before the wait, so
 //!   the floors stay below the wait's start while it lasts.
@@ -68,6 +73,9 @@ pub(super) struct Floors {
     /// The writers the last claim reported, each with the time its rows may date from,
     /// less the lag.
     writers: HashMap<i64, f64>,
+    /// From when the next probe looks behind the floors: the earliest time a writer
+    /// that ended since the last probe may have written from.
+    owed: Option<f64>,
     last_probe: Option<Instant>,
     probe_took: Duration,
 }
@@ -98,11 +106,9 @@ impl Floors {
     /// Moves the floors after a claim that took `rows`.
     pub(super) fn after_claim(&mut self, snapshot: &Snapshot, rows: &[Report]) {
         let lag = sql::CLAIM_FLOOR_LAG.as_secs_f64();
-        // The claim looked back to a completed writer's time: so do the floors.
+        // A writer has ended: the probe looks behind the floors from its time.
         if let Some(since) = snapshot.since {
-            for floor in self.at.values_mut() {
-                *floor = floor.min(since);
-            }
+            self.owe(since);
         }
         // Date the writers first seen, before this claim's own snapshot is kept.
         let known = std::mem::take(&mut self.writers);
@@ -137,6 +143,18 @@ impl Floors {
             let floor = self.at.entry(range).or_insert(f64::NEG_INFINITY);
             *floor = floor.max(to.min(cap) - lag);
         }
+    }
+
+    /// Owes a look behind the floors from `since` (a writer that has ended may have
+    /// committed rows there), to the next probe.
+    pub(super) fn owe(&mut self, since: f64) {
+        self.owed = Some(self.owed.map_or(since, |owed| owed.min(since)));
+    }
+
+    /// The look behind the floors owed, if any, handed to a probe: from when, for every
+    /// kind. A probe that fails owes it again ([`Self::owe`]).
+    pub(super) fn take_owed(&mut self) -> Option<f64> {
+        self.owed.take()
     }
 
     /// Lowers the floor of `(kind, priority)` to `run_after`, where the probe found a
@@ -265,11 +283,16 @@ mod tests {
         f.after_claim(&snap(2.0, 110, &[105], None), &[row(1.5, None)]);
         assert!((floor(&f) - 1.4).abs() < 1e-9, "{}", floor(&f));
         assert_eq!(f.writers(), (vec![105], vec![0.9]));
-        // The claim that saw it completed looked back to 0.9: so do the floors, and
-        // the rows it took move them up again.
-        f.after_claim(&snap(3.0, 120, &[], Some(0.9)), &[row(1.2, None)]);
-        assert!((floor(&f) - 1.1).abs() < 1e-9, "{}", floor(&f));
+        assert_eq!(f.take_owed(), None);
+        // The claim that saw it completed reports 0.9: the probe owes a look behind
+        // the floors from there, which the floors do not wait for.
+        f.after_claim(&snap(3.0, 120, &[], Some(0.9)), &[row(2.2, None)]);
+        assert!((floor(&f) - 2.1).abs() < 1e-9, "{}", floor(&f));
         assert_eq!(f.writers(), (vec![], vec![]));
+        // Two ends before the probe: it looks from the earlier.
+        f.owe(1.5);
+        assert_eq!(f.take_owed(), Some(0.9));
+        assert_eq!(f.take_owed(), None);
     }
 
     #[test]

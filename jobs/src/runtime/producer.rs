@@ -67,7 +67,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::Shared;
 use super::ahead::Rates;
 use super::backoff::Backoff;
-use super::claim::{Ask, ClaimRow, Seen, claim_order, start};
+use super::claim::{Ask, ClaimRow, Seen, Taken, claim_order, start};
 use super::floors::{Floors, Report, Snapshot};
 use super::paused::Paused;
 use super::periodic::Periodic;
@@ -451,14 +451,14 @@ impl Producer {
             ask.fetch(&shared, c).await
         };
         match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
-            Ok(rows) => {
+            Ok(Taken { rows, snapshot }) => {
                 self.backoff = claim_backoff();
                 if !rows.is_empty() {
                     self.rates.claimed(self.claim_sent.elapsed());
                 }
                 self.more = ask.filled(&rows);
                 self.seen.note(&ask, &rows, self.more);
-                self.start_all(rows, &ask.kinds).await;
+                self.start_all(rows, snapshot, &ask.kinds).await;
                 if !self.more {
                     // Idle next: let the executors just started (each waiting in this
                     // worker's next-task slot) begin their handlers before the next-due
@@ -538,7 +538,7 @@ impl Producer {
                     }
                 }
                 let order: Vec<&'static str> = asks.iter().map(|(info, _, _)| info.kind).collect();
-                self.start_all(taken.rows, &order).await;
+                self.start_all(taken.rows, None, &order).await;
             }
             Err(e) if super::global::lock_not_granted(&e) => {
                 // Another runtime's claim holds a kind's lock (and may be stalled):
@@ -580,19 +580,16 @@ impl Producer {
             .collect()
     }
 
-    /// Moves the floors and starts the claimed rows, in claim order (`kinds` in the
-    /// order they took their turns).
-    async fn start_all(&mut self, mut rows: Vec<ClaimRow>, kinds: &[&'static str]) {
-        if let Some(first) = rows.first_mut()
-            && let (Some(at), Some(xmax)) = (first.at, first.xmax)
-        {
-            let snapshot = Snapshot {
-                at,
-                xmax,
-                writers: first.writers.take().unwrap_or_default(),
-                waiting: first.waiting,
-                since: first.since,
-            };
+    /// Moves the floors by a claim's report (`snapshot`: none for a claim of kinds with
+    /// a limit, which keep no floors) and starts the claimed rows, in claim order
+    /// (`kinds` in the order they took their turns).
+    async fn start_all(
+        &mut self,
+        rows: Vec<ClaimRow>,
+        snapshot: Option<Snapshot>,
+        kinds: &[&'static str],
+    ) {
+        if let Some(snapshot) = snapshot {
             let reports: Vec<Report> = rows
                 .iter()
                 .filter_map(|r| {
@@ -628,24 +625,33 @@ impl Producer {
     }
 
     /// Starts the probe beside the claims, on a connection of the runtime's pool, with
-    /// the questions due ([`sql::PROBE`]): what is behind the floors (at least every
-    /// poll interval, spaced by its duration), and, while the claims are busy, whether
-    /// a quiet kind has a job due (every `QUIET_EVERY`).
+    /// the questions due ([`sql::PROBE`]): what is behind the floors, from the start
+    /// of each range (at least every poll interval, spaced by its duration) or from
+    /// the time of a writer a claim saw end (at once); and, while the claims are busy,
+    /// whether a quiet kind has a job due (every `QUIET_EVERY`).
     fn start_probe(&mut self) {
         let mut kinds = Vec::new();
         let (mut from, mut to) = (Vec::new(), Vec::new());
-        let behind = self.floors.probe_due(self.shared.poll_interval)
-            && self
-                .shared
-                .handlers
-                .keys()
-                .any(|kind| self.floors.set_of(kind).any(|f| f.is_some()));
-        if behind {
+        let any_floor = self
+            .shared
+            .handlers
+            .keys()
+            .any(|kind| self.floors.set_of(kind).any(|f| f.is_some()));
+        let behind = any_floor && self.floors.probe_due(self.shared.poll_interval);
+        let owed = self.floors.take_owed().filter(|_| any_floor);
+        if behind || owed.is_some() {
             // A kind with no floor yet has nothing behind one: its bounds read nothing.
-            self.floors.probe_started();
+            if behind {
+                self.floors.probe_started();
+            }
+            let start = if behind {
+                f64::NEG_INFINITY
+            } else {
+                owed.unwrap_or(f64::NEG_INFINITY)
+            };
             for kind in self.shared.handlers.keys() {
                 kinds.push(*kind);
-                from.extend([Some(f64::NEG_INFINITY); 10]);
+                from.extend([Some(start); 10]);
                 to.extend(self.floors.set_of(kind));
             }
         }
@@ -678,7 +684,7 @@ impl Producer {
             };
             let found = super::answer_within(shared.answer_within, "the probe", query).await;
             done.notify_one();
-            (found, begun.elapsed(), behind)
+            (found, begun.elapsed(), behind, owed)
         }));
     }
 
@@ -686,7 +692,7 @@ impl Producer {
     /// and names each quiet kind it found a job of to the next claim. Returns whether
     /// it found anything.
     fn settle_probe(&mut self, answer: Result<ProbeAnswer, tokio::task::JoinError>) -> bool {
-        let (found, took, behind) = match answer {
+        let (found, took, behind, owed) = match answer {
             Ok(answer) => answer,
             Err(e) => {
                 tracing::error!(error = %e, "the probe's task ended without an answer");
@@ -695,6 +701,12 @@ impl Producer {
         };
         if behind {
             self.floors.probe_ended(took);
+        }
+        if found.is_err()
+            && let Some(since) = owed
+        {
+            // Owed still: the next probe looks from there.
+            self.floors.owe(since);
         }
         match found {
             Ok(found) => {
@@ -730,8 +742,14 @@ fn batched(kinds: &[(&'static HandlerInfo, usize, super::global::Limit)]) -> boo
 }
 
 /// The probe's answer: what it found (kind, priority, run-after), how long it took,
-/// and whether it looked behind the floors.
-type ProbeAnswer = (Result<Vec<(String, i16, f64)>, sqlx::Error>, Duration, bool);
+/// whether it looked behind the floors from the start of each range, and the look
+/// behind them it owed (from when), if any.
+type ProbeAnswer = (
+    Result<Vec<(String, i16, f64)>, sqlx::Error>,
+    Duration,
+    bool,
+    Option<f64>,
+);
 
 /// The backoff between failed claims.
 fn claim_backoff() -> Backoff {
