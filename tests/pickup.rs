@@ -382,6 +382,8 @@ async fn a_commit_visible_long_after_its_restamp_is_found_by_the_look_back(pool:
     let_claims_pass().await;
     let mut tx = pool.begin().await.unwrap();
     Work { n: 1, key: None }.enqueue(&mut *tx).await.unwrap();
+    // Longer than the claims look back themselves (a second): the probe does.
+    let_claims_pass().await;
     let_claims_pass().await;
     tx.commit().await.unwrap();
     wait_until("the job behind the floors starts", || async {

@@ -640,7 +640,6 @@ impl Producer {
         let behind = any_floor && self.floors.probe_due(self.shared.poll_interval);
         let owed = self.floors.take_owed().filter(|_| any_floor);
         if behind || owed.is_some() {
-            // A kind with no floor yet has nothing behind one: its bounds read nothing.
             if behind {
                 self.floors.probe_started();
             }
@@ -650,9 +649,19 @@ impl Producer {
                 owed.unwrap_or(f64::NEG_INFINITY)
             };
             for kind in self.shared.handlers.keys() {
-                kinds.push(*kind);
-                from.extend([Some(start); 10]);
-                to.extend(self.floors.set_of(kind));
+                // A range whose floor is not past the start (or that has no floor yet)
+                // has nothing behind it: its upper bound NULL reads nothing, and a
+                // kind with no such range is not listed.
+                let floors: Vec<Option<f64>> = self
+                    .floors
+                    .set_of(kind)
+                    .map(|f| f.filter(|f| *f > start))
+                    .collect();
+                if floors.iter().any(Option::is_some) {
+                    kinds.push(*kind);
+                    from.extend([Some(start); 10]);
+                    to.extend(floors);
+                }
             }
         }
         if self.more && self.quiet_asked.elapsed() >= QUIET_EVERY {
