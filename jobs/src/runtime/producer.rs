@@ -169,6 +169,9 @@ struct Producer {
     gathered: bool,
     /// Whether the last wake-up was a signal: then one more claim follows shortly.
     follow_up: bool,
+    /// The kinds with a limit that signal named: the claim that follows asks for them
+    /// again (the others it asks for anyway).
+    follow_up_limited: Vec<&'static str>,
     /// When the last claim was sent: jobs that became due after it are looked for.
     claim_sent: Instant,
     /// Which kind goes first in a turn of the next claim: each claim the next one, so
@@ -205,6 +208,7 @@ impl Producer {
             more: true,
             gathered: false,
             follow_up: false,
+            follow_up_limited: Vec::new(),
             claim_sent: Instant::now(),
             first_kind: 0,
             seen: Seen::default(),
@@ -378,11 +382,11 @@ impl Producer {
     /// right after a wake-up, until a moment later at most.
     async fn idle(&mut self, per_kind: &[(&'static HandlerInfo, usize)]) {
         let window = self.claim_sent.elapsed() + NEXT_DUE_MARGIN;
-        let (due, writers) = next_due(&self.shared, &mut self.conn, per_kind, window).await;
+        let (real_due, writers) = next_due(&self.shared, &mut self.conn, per_kind, window).await;
         let due = if writers {
-            Some(due.map_or(WRITERS_POLL, |d| d.min(WRITERS_POLL)))
+            Some(real_due.map_or(WRITERS_POLL, |d| d.min(WRITERS_POLL)))
         } else {
-            due
+            real_due
         };
         self.more = true;
         if due == Some(Duration::ZERO) {
@@ -392,22 +396,44 @@ impl Producer {
             return;
         }
         let probing = self.probe.is_some();
-        // A notification names its kind; any other wake-up (the poll, a job due, a
-        // writer that may have committed, the probe) asks for every kind.
+        // A notification names its kind; a poll, or a job due by its time, asks for every
+        // kind; any other wake-up (a writer that may have committed, the follow-up of a
+        // notification, the probe) asks for every kind without a limit, whose claims
+        // share one statement, but not for a quiet kind with a limit, whose claim is a
+        // transaction of its own (an application of every kind ran one at each such
+        // wake-up, every 10 ms while another transaction wrote to the table).
         let limit_due = self.limit_due();
-        let notified = tokio::select! {
-            _ = self.shared.wake.notified() => true,
-            _ = self.poll.tick() => false,
-            () = sleep_until_due(due) => false,
-            () = sleep_until_due(limit_due) => true,
-            () = sleep_if(self.follow_up, FOLLOW_UP) => false,
-            _ = self.probe_done.notified(), if probing => false,
-            _ = self.stop.changed() => false,
+        let writers_only = due.is_some() && due != real_due;
+        let woke = tokio::select! {
+            _ = self.shared.wake.notified() => Woke::Named,
+            _ = self.poll.tick() => Woke::Any,
+            () = sleep_until_due(due) => if writers_only { Woke::Unlimited } else { Woke::Any },
+            () = sleep_until_due(limit_due) => Woke::Named,
+            () = sleep_if(self.follow_up, FOLLOW_UP) => Woke::FollowUp,
+            _ = self.probe_done.notified(), if probing => Woke::Unlimited,
+            _ = self.stop.changed() => Woke::Any,
         };
-        if !notified {
-            self.seen.quiet.clear();
+        let limits = self.shared.limits.read().expect("lock poisoned");
+        match woke {
+            Woke::Named => {
+                // What the follow-up asks for again, of the kinds with a limit.
+                let notified = self.shared.notified.lock().expect("lock poisoned");
+                self.follow_up_limited = notified
+                    .iter()
+                    .filter(|kind| limits.contains_key(**kind))
+                    .copied()
+                    .collect();
+            }
+            Woke::Any => self.seen.quiet.clear(),
+            Woke::FollowUp | Woke::Unlimited => {
+                self.seen.quiet.retain(|kind| limits.contains_key(kind));
+                if woke == Woke::FollowUp {
+                    let mut notified = self.shared.notified.lock().expect("lock poisoned");
+                    notified.extend(self.follow_up_limited.drain(..));
+                }
+            }
         }
-        self.follow_up = notified;
+        self.follow_up = woke == Woke::Named;
     }
 
     /// Work is waiting but some capacity is taken: gives running handlers a moment to
@@ -748,6 +774,20 @@ impl Producer {
 /// by the free slots and what is held ahead, not by the limit).
 fn batched(kinds: &[(&'static HandlerInfo, usize, super::global::Limit)]) -> bool {
     kinds.iter().all(|(_, _, limit)| limit.partition.is_some())
+}
+
+/// What ended an idle wait, and so which quiet kinds the next claim asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Woke {
+    /// A notification, or a kind's limit that may have room again: the kinds named.
+    Named,
+    /// The poll, a job due by its time: every kind.
+    Any,
+    /// The claim just after a notification: every kind without a limit, and those
+    /// with a limit that the notification named.
+    FollowUp,
+    /// Anything else: every kind without a limit.
+    Unlimited,
 }
 
 /// The probe's answer: what it found (kind, priority, run-after), how long it took,
