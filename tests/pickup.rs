@@ -101,22 +101,30 @@ async fn let_claims_pass() {
     tokio::time::sleep(Duration::from_millis(600)).await;
 }
 
-#[sqlx::test(migrator = "jobs::MIGRATOR")]
-async fn a_job_whose_transaction_commits_late_starts_at_its_commit(pool: PgPool) {
-    setup(&pool).await;
-    let rt = hourly(&pool, &["pk.job"]);
-    let stream = Stream::start(&pool);
+/// Job 1, enqueued in a transaction that commits after the stream's claims have passed
+/// it for `passes` times `let_claims_pass`, starts.
+async fn commit_late(pool: &PgPool, passes: usize) {
+    let rt = hourly(pool, &["pk.job"]);
+    let stream = Stream::start(pool);
     let_claims_pass().await;
     let mut tx = pool.begin().await.unwrap();
     Work { n: 1, key: None }.enqueue(&mut *tx).await.unwrap();
-    let_claims_pass().await;
+    for _ in 0..passes {
+        let_claims_pass().await;
+    }
     tx.commit().await.unwrap();
     wait_until("the late job starts", || async {
-        started(&pool, 1).await == 1
+        started(pool, 1).await == 1
     })
     .await;
     drop(stream);
     rt.stop().await;
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_job_whose_transaction_commits_late_starts_at_its_commit(pool: PgPool) {
+    setup(&pool).await;
+    commit_late(&pool, 1).await;
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
@@ -377,21 +385,8 @@ async fn a_commit_visible_long_after_its_restamp_is_found_by_the_look_back(pool:
     .execute(&pool)
     .await
     .unwrap();
-    let rt = hourly(&pool, &["pk.job"]);
-    let stream = Stream::start(&pool);
-    let_claims_pass().await;
-    let mut tx = pool.begin().await.unwrap();
-    Work { n: 1, key: None }.enqueue(&mut *tx).await.unwrap();
     // Longer than the claims look back themselves (a second): the probe does.
-    let_claims_pass().await;
-    let_claims_pass().await;
-    tx.commit().await.unwrap();
-    wait_until("the job behind the floors starts", || async {
-        started(&pool, 1).await == 1
-    })
-    .await;
-    drop(stream);
-    rt.stop().await;
+    commit_late(&pool, 2).await;
 }
 
 /// A row left behind the floors where no claim could report it (here a raw insert with

@@ -251,8 +251,8 @@ macro_rules! floor_of {
 /// perhaps behind the floors. The claim reports the earliest such time (`since`), and
 /// the runtime looks behind its floors from there with its probe ([`PROBE`]), beside the
 /// claims: a look back over a long transaction's time walks the entries of every job
-/// claimed meanwhile, which that transaction kept from being marked dead (about 100 ms
-/// for 60 s at 1,000 jobs/s), and the claims do not wait for it. What an application's
+/// claimed meanwhile, which that transaction kept from being marked dead (21 ms for a
+/// minute at 2,000 jobs/s in W7, BENCHMARKS.md), and the claims do not wait for it. What an application's
 /// transaction makes pending it rarely needs: a late commit re-stamps its rows
 /// (migration 13, `jobs_late_commit`), so they are not behind the floors.
 macro_rules! claim_head {

@@ -47,8 +47,8 @@ const SNAPSHOT_EVERY: Duration = Duration::from_millis(10);
 /// floors: a probe for each (a round trip beside every claim) cost W2 3 to 7 % of its
 /// drain, and the claim walks those few milliseconds of entries for nothing. A long
 /// transaction's time lies far behind: a claim from there would walk every entry
-/// claimed since (about 100 ms for a minute at 1,000 jobs/s under the horizon that
-/// transaction holds), and what it committed is re-stamped anyway (migration 13).
+/// claimed since (21 ms for a minute at 2,000 jobs/s, under the horizon that transaction
+/// holds), and what it committed is re-stamped anyway (migration 13).
 const LOOK_BACK_IN_CLAIMS: Duration = Duration::from_secs(1);
 
 /// One claimed row's report on the floors, as the claim returned it.

@@ -24,7 +24,9 @@
 //!    notification, claim once more a moment later, since producers send one
 //!    notification per kind every few milliseconds. While another transaction holds a
 //!    write or row lock on the job table, sleep `WRITERS_POLL` at most: it may commit a
-//!    job (or free a locked one) without a notification.
+//!    job (or free a locked one) without a notification. A notification asks for the
+//!    kinds it names; the poll and a job due, for every kind; any other wake-up, for
+//!    every kind but the quiet ones with a limit (each such claim is a transaction).
 //! 4. **Gather**: work is waiting but some capacity is taken: give running handlers a
 //!    moment (`BATCH_WINDOW`) to free more, so that the claim fetches a batch instead of
 //!    a job or two.
@@ -52,8 +54,10 @@
 //! of the range, and each claim says how far its floors may move (`super::floors`).
 //! A probe beside the claims, on a connection of the runtime's pool ([`sql::PROBE`]),
 //! asks what the claims do not: what is left behind the floors anyway (it lowers the
-//! floor to it), and, every `QUIET_EVERY` while the claims are busy, whether a quiet
-//! kind has a job due (the next claim asks for that kind).
+//! floor to it), from the start of each range every poll interval, and at once from
+//! the time of a long transaction that a claim saw end; and, every `QUIET_EVERY` while
+//! the claims are busy, whether a quiet kind has a job due (the next claim asks for
+//! that kind).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
