@@ -15,7 +15,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use common::{Running, count, runtime, wait_until};
 
 #[derive(Job, Serialize, Deserialize)]
-#[job(kind = "conn.slow", lease = "2s", retain = "1h")]
+#[job(kind = "conn.slow", lease = "4s", retain = "1h")]
 struct Slow {
     n: i32,
 }
@@ -23,16 +23,20 @@ struct Slow {
 /// Handler runs, across this binary's tests (each test has a kind of its own).
 static SLOW_RUNS: AtomicU64 = AtomicU64::new(0);
 
-/// Outlives its lease: only renewals keep the claim.
+/// Outlives its lease: only renewals keep the claim. (A lease of 4 s, renewed every
+/// 1.3 s. With 2 s, in two runs of the whole suite on 2 cores, each while the macro
+/// tests compiled beside it, every running job of one of these tests ran twice, and
+/// neither test failed alone or beside a busy loop on each core: renewals late by a
+/// lease's last two thirds, 1.3 s, under that load is the likely reason; not proven.)
 #[jobs::handler]
 async fn slow(_job: Slow, _ctx: JobContext) -> Result<(), JobError> {
     SLOW_RUNS.fetch_add(1, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     Ok(())
 }
 
 #[derive(Job, Serialize, Deserialize)]
-#[job(kind = "conn.cut", lease = "2s", retain = "1h")]
+#[job(kind = "conn.cut", lease = "4s", retain = "1h")]
 struct Cut {
     n: i32,
 }
@@ -42,7 +46,7 @@ static CUT_RUNS: AtomicU64 = AtomicU64::new(0);
 #[jobs::handler]
 async fn cut(_job: Cut, _ctx: JobContext) -> Result<(), JobError> {
     CUT_RUNS.fetch_add(1, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     Ok(())
 }
 
@@ -96,7 +100,7 @@ async fn short_of_connections_no_job_runs_twice(pool_opts: PgPoolOptions, opts: 
     }
     let running = Running::start(runtime(&limited, &["conn.slow"]).concurrency(10));
     // Longer than a lease and a handler: a job claimed without renewals would run again.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(SLOW_RUNS.load(Ordering::SeqCst) <= 20);
     set_limit(&admin, &role, 20).await;
     wait_until("every job completed", || async {
@@ -133,7 +137,7 @@ async fn a_cut_under_a_connection_limit_runs_no_job_twice(
     set_limit(&admin, &role, 2).await;
     cut_sessions(&admin, &role).await;
     // Longer than a lease: the running jobs' claims live only if renewals go on.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
     set_limit(&admin, &role, 20).await;
     wait_until("every job completed", || async {
         count(&admin, "done").await == 30
