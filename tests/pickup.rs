@@ -389,6 +389,33 @@ async fn a_commit_visible_long_after_its_restamp_is_found_by_the_look_back(pool:
     commit_late(&pool, 2).await;
 }
 
+/// A statement on its own that wrote its row 0.5 s after it began (its run-after, the
+/// statement's start, is behind the floors the stream's claims moved meanwhile) and is
+/// not re-stamped: the claim that sees it end reports its time, within a second of the
+/// floors, and the next claim looks back from there, though the claim that reported
+/// it took rows of the same range (and moved that range's floor past the row).
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_slow_statement_on_its_own_is_found_by_the_next_claim(pool: PgPool) {
+    setup(&pool).await;
+    let rt = hourly(&pool, &["pk.job"]);
+    let stream = Stream::start(&pool);
+    let_claims_pass().await;
+    sqlx::query(
+        "WITH slow AS MATERIALIZED (SELECT pg_current_xact_id(), pg_sleep(0.5)) \
+         INSERT INTO jobs (kind, payload, max_attempts, run_after) \
+         SELECT 'pk.job', '{\"n\": 1, \"key\": null}', 3, statement_timestamp() FROM slow",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    wait_until("the slow statement's job starts", || async {
+        started(&pool, 1).await == 1
+    })
+    .await;
+    drop(stream);
+    rt.stop().await;
+}
+
 /// A row left behind the floors where no claim could report it (here a raw insert with
 /// a run-after an hour old, as a claimer that died holding rows leaves them): the
 /// probe, which runs every poll interval, finds it.

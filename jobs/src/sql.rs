@@ -225,19 +225,50 @@ macro_rules! write_lock_on_jobs {
     };
 }
 
+/// How far behind a floor (seconds) a claim looks back itself from the time of a writer
+/// it sees ended (`since`, [`claim_head!`]); further behind, the runtime's probe does
+/// ([`LOOK_BACK_IN_CLAIMS`]).
+macro_rules! look_back_in_claims {
+    () => {
+        "1.0"
+    };
+}
+
+/// [`look_back_in_claims!`] for the runtime, which lowers its floors as the claim read.
+pub(crate) const LOOK_BACK_IN_CLAIMS: f64 = 1.0;
+
 /// The start of the scan of kind `w` at priority `$p` in a claim: its floor, `$5[(kind's
 /// position - 1) * 10 + priority + 1]` in seconds since the epoch (none, or NULL, is the
-/// start of the range).
+/// start of the range), or `since` where that is at most [`look_back_in_claims!`]
+/// behind it.
 macro_rules! floor_of {
     ($w:literal, $p:literal) => {
         concat!(
-            "coalesce(to_timestamp(",
+            "coalesce(to_timestamp(CASE WHEN ",
+            $w,
+            ".since >= ",
             $w,
             ".floors[(",
             $w,
             ".ord - 1) * 10 + ",
             $p,
-            " + 1]), '-infinity')"
+            " + 1] - ",
+            look_back_in_claims!(),
+            " THEN least(",
+            $w,
+            ".since, ",
+            $w,
+            ".floors[(",
+            $w,
+            ".ord - 1) * 10 + ",
+            $p,
+            " + 1]) ELSE ",
+            $w,
+            ".floors[(",
+            $w,
+            ".ord - 1) * 10 + ",
+            $p,
+            " + 1] END), '-infinity')"
         )
     };
 }
@@ -249,8 +280,10 @@ macro_rules! floor_of {
 /// (xids), each with the time its rows may date from, less the lag: when one of them
 /// has completed by this snapshot (`pg_visible_in_snapshot`), its rows are visible now,
 /// perhaps behind the floors. The claim reports the earliest such time (`since`), and
-/// the runtime looks behind its floors from there with its probe ([`PROBE`]), beside the
-/// claims: a look back over a long transaction's time walks the entries of every job
+/// starts its scans there where that is at most a second behind a floor (a few
+/// milliseconds, for the writers every claim sees end: completions, other claims);
+/// further behind, the runtime looks behind its floors from there with its probe
+/// ([`PROBE`]), beside the claims: a look back over a long transaction's time walks the entries of every job
 /// claimed meanwhile, which that transaction kept from being marked dead (21 ms for a
 /// minute at 2,000 jobs/s in W7, BENCHMARKS.md), and the claims do not wait for it. What an application's
 /// transaction makes pending it rarely needs: a late commit re-stamps its rows
@@ -267,7 +300,7 @@ ended AS MATERIALIZED (
     WHERE pg_visible_in_snapshot(e.xid::text::xid8, snap.s)
 ),
 wanted AS (
-    SELECT w.*, $5::float8[] AS floors
+    SELECT w.*, $5::float8[] AS floors, (SELECT since FROM ended) AS since
     FROM unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, n, lease_ms, ord)
 ),"#
     };

@@ -41,15 +41,15 @@ const SNAPSHOTS_KEPT: usize = 4_096;
 /// The least time between two snapshots kept.
 const SNAPSHOT_EVERY: Duration = Duration::from_millis(10);
 
-/// How far behind a floor a writer that ended may have written for the next claim to
-/// start there (further, the probe looks). Every claim sees some writer end (the
-/// runtime's own completions, other runtimes' claims), a few milliseconds behind the
-/// floors: a probe for each (a round trip beside every claim) cost W2 3 to 7 % of its
-/// drain, and the claim walks those few milliseconds of entries for nothing. A long
-/// transaction's time lies far behind: a claim from there would walk every entry
-/// claimed since (21 ms for a minute at 2,000 jobs/s, under the horizon that transaction
-/// holds), and what it committed is re-stamped anyway (migration 13).
-const LOOK_BACK_IN_CLAIMS: Duration = Duration::from_secs(1);
+/// How far behind a floor a writer that ended may have written for the claim that saw
+/// it end to scan from there itself (`sql::LOOK_BACK_IN_CLAIMS`; further, the probe
+/// looks). Every claim sees some writer end (the runtime's own completions, other
+/// runtimes' claims), a few milliseconds behind the floors: a probe for each (a round
+/// trip beside every claim) cost W2 3 to 7 % of its drain. A long transaction's time
+/// lies far behind: a claim from there would walk every entry claimed since (21 ms for
+/// a minute at 2,000 jobs/s, under the horizon that transaction holds), and what it
+/// committed is re-stamped anyway (migration 13).
+const LOOK_BACK_IN_CLAIMS: f64 = sql::LOOK_BACK_IN_CLAIMS;
 
 /// One claimed row's report on the floors, as the claim returned it.
 pub(super) struct Report {
@@ -116,13 +116,14 @@ impl Floors {
     /// Moves the floors after a claim that took `rows`.
     pub(super) fn after_claim(&mut self, snapshot: &Snapshot, rows: &[Report]) {
         let lag = sql::CLAIM_FLOOR_LAG.as_secs_f64();
-        // A writer has ended: look behind the floors from its time. The next claim does
-        // where that is near (a floor at most `LOOK_BACK_IN_CLAIMS` past it); the probe
-        // beside the claims does the rest, which the claims do not wait for.
+        // A writer has ended: look behind the floors from its time. The claim did where
+        // that is near (a floor at most `LOOK_BACK_IN_CLAIMS` past it: so do the floors,
+        // before the rows it took move them up); the probe beside the claims does the
+        // rest, which the claims do not wait for.
         if let Some(since) = snapshot.since {
             let mut far = false;
             for floor in self.at.values_mut() {
-                if *floor - since <= LOOK_BACK_IN_CLAIMS.as_secs_f64() {
+                if since >= *floor - LOOK_BACK_IN_CLAIMS {
                     *floor = floor.min(since);
                 } else {
                     far = true;
@@ -306,15 +307,12 @@ mod tests {
         assert!((floor(&f) - 1.4).abs() < 1e-9, "{}", floor(&f));
         assert_eq!(f.writers(), (vec![105], vec![0.9]));
         assert_eq!(f.take_owed(), None);
-        // The claim that saw it completed reports 0.9, within a second of the floor:
-        // the next claim looks back from there, and the rows it takes move the floors
-        // up again.
-        f.after_claim(&snap(3.0, 120, &[], Some(0.9)), &[]);
-        assert!((floor(&f) - 0.9).abs() < 1e-9, "{}", floor(&f));
+        // The claim that saw it completed scanned from 0.9, within a second of the
+        // floor: so do the floors, and the rows it took move them up again.
+        f.after_claim(&snap(3.0, 120, &[], Some(0.9)), &[row(1.2, None)]);
+        assert!((floor(&f) - 1.1).abs() < 1e-9, "{}", floor(&f));
         assert_eq!(f.take_owed(), None);
         assert_eq!(f.writers(), (vec![], vec![]));
-        f.after_claim(&snap(3.5, 121, &[], None), &[row(2.2, None)]);
-        assert!((floor(&f) - 2.1).abs() < 1e-9, "{}", floor(&f));
     }
 
     #[test]
