@@ -3,9 +3,6 @@
 
 use std::time::Instant;
 
-use sqlx::Postgres;
-use sqlx::pool::PoolConnection;
-
 use super::Shared;
 use crate::sql;
 
@@ -20,15 +17,11 @@ pub(super) struct Paused {
 impl Paused {
     /// Reads the paused kinds and the limits again; keeps the last reading if the
     /// database does not answer (the claim that follows reports the outage).
-    pub(super) async fn read(
-        &mut self,
-        shared: &Shared,
-        conn: &mut Option<PoolConnection<Postgres>>,
-    ) {
+    pub(super) async fn read(&mut self, shared: &Shared, conn: &mut Option<super::claim::Held>) {
         let query = async {
-            let c = super::held(conn, &shared.db).await?;
+            let held = super::claim::Held::get(conn, &shared.db).await?;
             crate::pooler::alone!(
-                &mut **c,
+                &mut *held.conn,
                 crate::pooler::query_as::<_, (String, bool, Option<i32>, Option<i32>, Option<i64>)>(
                     sql::KIND_SETTINGS,
                 ),

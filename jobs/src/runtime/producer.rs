@@ -63,15 +63,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::Postgres;
-use sqlx::pool::PoolConnection;
 use tokio::sync::{Notify, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::Shared;
 use super::ahead::Rates;
 use super::backoff::Backoff;
-use super::claim::{Ask, ClaimRow, Seen, Taken, claim_order, start};
+use super::claim::{Ask, ClaimRow, Held, Seen, Taken, claim_order, start};
 use super::floors::{Floors, Report, Snapshot};
 use super::paused::Paused;
 use super::periodic::Periodic;
@@ -155,9 +153,8 @@ struct Producer {
     shared: Arc<Shared>,
     executors: Executors,
     stop: watch::Receiver<bool>,
-    /// The connection claims go through, held across turns: a pool connection is
-    /// pinged on every acquire, which would double the claim's round trips.
-    conn: Option<PoolConnection<Postgres>>,
+    /// The connection claims go through, held across turns ([`Held`]).
+    conn: Option<Held>,
     backoff: Backoff,
     poll: tokio::time::Interval,
     periodic: Periodic,
@@ -477,8 +474,8 @@ impl Producer {
         let shared = self.shared.clone();
         let conn = &mut self.conn;
         let fetch = async {
-            let c = super::held(conn, &shared.db).await?;
-            ask.fetch(&shared, c).await
+            let held = Held::get(conn, &shared.db).await?;
+            ask.fetch(&shared, held).await
         };
         match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
             Ok(Taken { rows, snapshot }) => {
@@ -542,8 +539,8 @@ impl Producer {
         let shared = self.shared.clone();
         let conn = &mut self.conn;
         let fetch = async {
-            let c = super::held(conn, &shared.db).await?;
-            super::global::claim(&shared, c, &asks).await
+            let held = Held::get(conn, &shared.db).await?;
+            super::global::claim(&shared, &mut held.conn, &asks).await
         };
         match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
             Ok(taken) => {
@@ -815,7 +812,7 @@ fn claim_backoff() -> Backoff {
 /// the job table.
 async fn next_due(
     shared: &Shared,
-    conn: &mut Option<PoolConnection<Postgres>>,
+    conn: &mut Option<Held>,
     per_kind: &[(&'static HandlerInfo, usize)],
     window: Duration,
 ) -> (Option<Duration>, bool) {
@@ -825,9 +822,9 @@ async fn next_due(
         .map(|(info, _)| info.kind)
         .collect();
     let query = async {
-        let c = super::held(conn, &shared.db).await?;
+        let held = Held::get(conn, &shared.db).await?;
         crate::pooler::alone!(
-            &mut **c,
+            &mut *held.conn,
             crate::pooler::query_as::<_, (Option<f64>, bool)>(sql::NEXT_DUE)
                 .bind(&kinds)
                 .bind(window.as_secs_f64()),

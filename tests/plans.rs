@@ -1,0 +1,112 @@
+//! The runtime's plans follow the table's size: a runtime started on an empty table,
+//! which then grows without a vacuum (autovacuum off, or before its first pass), never
+//! reads the whole table.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{Running, runtime, wait_until};
+use jobs::{Job, JobContext, JobError};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pl.job")]
+struct Plain {
+    n: i64,
+}
+
+/// Handler runs (this binary has one test).
+static RUNS: AtomicU64 = AtomicU64::new(0);
+
+#[jobs::handler]
+async fn plain(_job: Plain, _ctx: JobContext) -> Result<(), JobError> {
+    RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Enqueues `n` jobs one at a time, each once the one before has run: a claim each.
+async fn one_by_one(pool: &PgPool, n: i64) {
+    for i in 0..n {
+        let before = RUNS.load(Ordering::SeqCst);
+        Plain { n: i }.enqueue(pool).await.unwrap();
+        wait_until("the job ran", || async {
+            RUNS.load(Ordering::SeqCst) > before
+        })
+        .await;
+    }
+}
+
+/// The rows read by sequential scans of `jobs` so far (as the statistics hold them).
+async fn seq_tup_read(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables WHERE relname = 'jobs'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Started on an empty table, the runtime prepares its statements there; PostgreSQL
+/// keeps a plan made at a prepared statement's sixth run until the table's statistics
+/// change. Before the claims planned their first runs without sequential scans, the
+/// claim's update of the rows it took kept a plan that read the whole table (an empty
+/// table counts as ten pages, which a sequential scan reads more cheaply than ten
+/// primary key probes): here every claim after the table grew read its 100,000 rows.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_runtime_started_on_an_empty_table_never_reads_it_whole(
+    pool_opts: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let admin: PgPool = pool_opts.connect_with(opts.clone()).await.unwrap();
+    sqlx::query("ALTER TABLE jobs SET (autovacuum_enabled = false)")
+        .execute(&admin)
+        .await
+        .unwrap();
+    // The runtime's own pool: closed at the end, so that its sessions' statistics are
+    // written (a session writes them at most once a second, and when it ends).
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(opts.application_name("pl-runtime"))
+        .await
+        .unwrap();
+    let running = Running::start(runtime(&pool, &["pl.job"]));
+    // Every statement of the runtime runs more than six times on the small table: the
+    // claims (one per job, and the empty ones of its polls every 50 ms), the completions,
+    // the next-due reads, the rescues.
+    one_by_one(&admin, 10).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = seq_tup_read(&admin).await;
+
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, state, finished_at, max_attempts)
+         SELECT 'pl.other', '{}', 'done', now(), 1 FROM generate_series(1, 100000)",
+    )
+    .execute(&admin)
+    .await
+    .unwrap();
+    one_by_one(&admin, 20).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    running.stop().await;
+    pool.close().await;
+    wait_until("the runtime's sessions ended", || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'pl-runtime'",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap()
+            == 0
+    })
+    .await;
+    // The sessions wrote their statistics as they ended.
+    let read = seq_tup_read(&admin).await - before;
+    assert!(
+        read < 100_000,
+        "the runtime read {read} rows by sequential scans of a table of 100,030 rows"
+    );
+}
