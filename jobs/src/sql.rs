@@ -340,24 +340,32 @@ macro_rules! locking_scan {
     };
 }
 
-/// The update that claims the rows of the CTE `picked` (`wanted` gives each kind's
-/// lease): the CTE `claimed`, with the columns every claim returns. `$runtime` is the
-/// parameter of the claiming runtime's id, `$from` the time the lease runs from; with
-/// `partitioned`, the claim also stamps each row's partition (`part`, [`partition_of!`]),
-/// which its run counts in from then on, whatever a coalescing enqueue does to its
-/// payload meanwhile.
+/// The update that claims the rows of the CTE `picked`: the CTE `claimed`, with the
+/// columns every claim returns. `$runtime` is the parameter of the claiming runtime's
+/// id, `$from` the time the lease runs from. Each row's lease is `$3[i]` ms for the kind
+/// `$1[i]` (looked up in the arrays themselves: a subquery on `wanted` per row rescanned
+/// that CTE for each, a few per cent of a claim of ten kinds); with `partitioned` (one
+/// kind, `$1` and `$3` scalars), `$3`, and the claim also stamps each row's partition
+/// (`part`, [`partition_of!`]), which its run counts in from then on, whatever a
+/// coalescing enqueue does to its payload meanwhile.
 macro_rules! claimed {
     ($runtime:literal, $from:literal) => {
-        claimed!($runtime, $from, "")
+        claimed!(
+            $runtime,
+            $from,
+            "",
+            "$3[array_position($1::text[], j.kind)]"
+        )
     };
     ($runtime:literal, $from:literal, partitioned) => {
         claimed!(
             $runtime,
             $from,
-            concat!("\n        part = ", partition_of!(), ",")
+            concat!("\n        part = ", partition_of!(), ","),
+            "$3"
         )
     };
-    ($runtime:literal, $from:literal, $set:expr) => {
+    ($runtime:literal, $from:literal, $set:expr, $lease:literal) => {
         concat!(
             r#"claimed AS (
     UPDATE jobs j SET
@@ -372,7 +380,9 @@ macro_rules! claimed {
         claimed_until = "#,
             $from,
             r#"
-            + (SELECT w.lease_ms FROM wanted w WHERE w.kind = j.kind) * interval '1 millisecond'
+            + "#,
+            $lease,
+            r#" * interval '1 millisecond'
     WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text AS payload,
               extract(epoch FROM now() - j.run_after)::float8 AS waited,
