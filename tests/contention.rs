@@ -778,6 +778,57 @@ async fn claim_locks_only_what_it_takes(pool: PgPool) {
     claimer.rollback().await.unwrap();
 }
 
+/// Each row a claim of several kinds takes gets its own kind's lease, in the plain claim
+/// and in the split one (the update looks each row's kind up in the claim's arrays).
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn each_claimed_row_gets_its_kinds_lease(pool: PgPool) {
+    let kinds: Vec<String> = (0..3).map(|k| format!("ct.lease{k}")).collect();
+    let leases = vec![10_000i64, 20_000, 30_000];
+    for kind in &kinds {
+        sqlx::query(
+            "INSERT INTO jobs (kind, payload, max_attempts) SELECT $1, '{}', 3 FROM generate_series(1, 4)",
+        )
+        .bind(kind)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    // The plain claim (limits within the total), then the split one.
+    for (statement, limits, want) in [
+        (jobs::__private::CLAIM_SQL, vec![2i32; 3], 6i32),
+        (jobs::__private::CLAIM_SPLIT_SQL, vec![6i32; 3], 6),
+    ] {
+        let mut tx = pool.begin().await.unwrap();
+        let taken = sqlx::query(statement)
+            .bind(&kinds)
+            .bind(&limits)
+            .bind(&leases)
+            .bind(want)
+            .bind(vec![f64::NEG_INFINITY; 30])
+            .bind(uuid::Uuid::nil())
+            .bind(Vec::<i64>::new())
+            .bind(Vec::<f64>::new())
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(taken.len(), 6);
+        // In the claim's transaction `now()` is the claim's own.
+        let got: Vec<(String, f64)> = sqlx::query_as(
+            "SELECT kind, extract(epoch FROM claimed_until - now())::float8 * 1000
+             FROM jobs WHERE state = 'running' ORDER BY kind",
+        )
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        assert_eq!(got.len(), 6);
+        for (kind, ms) in got {
+            let i = kinds.iter().position(|k| *k == kind).unwrap();
+            assert!((ms - leases[i] as f64).abs() < 1.0, "{kind}: lease {ms} ms");
+        }
+        tx.rollback().await.unwrap();
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // 12. A backlog of rows to prune does not hold up the rescue of expired claims.
 

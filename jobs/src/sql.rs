@@ -234,41 +234,40 @@ macro_rules! look_back_in_claims {
     };
 }
 
-/// [`look_back_in_claims!`] for the runtime, which lowers its floors as the claim read.
+/// [`look_back_in_claims!`] for the runtime, which lowers its floors as the claim read
+/// (`runtime::floors`). Every claim sees some writer end (the runtime's own completions,
+/// other runtimes' claims), a few milliseconds behind the floors: a probe for each (a
+/// round trip beside every claim) cost W2 3 to 7 % of its drain. A long transaction's
+/// time lies far behind: a claim from there would walk every entry claimed since (21 ms
+/// for a minute at 2,000 jobs/s, under the horizon that transaction holds), and what it
+/// committed is re-stamped anyway (migration 13); the probe looks there.
 pub(crate) const LOOK_BACK_IN_CLAIMS: f64 = 1.0;
 
-/// The start of the scan of kind `w` at priority `$p` in a claim: its floor, `$5[(kind's
-/// position - 1) * 10 + priority + 1]` in seconds since the epoch (none, or NULL, is the
-/// start of the range), or `since` where that is at most [`look_back_in_claims!`]
-/// behind it.
+/// The floor of kind `w` at priority `$p` in a claim: `$5[(kind's position - 1) * 10 +
+/// priority + 1]`, seconds since the epoch (none, or NULL, where no floor is set).
+macro_rules! floor_at {
+    ($w:literal, $p:literal) => {
+        concat!($w, ".floors[(", $w, ".ord - 1) * 10 + ", $p, " + 1]")
+    };
+}
+
+/// The start of the scan of kind `w` at priority `$p` in a claim: its floor
+/// ([`floor_at!`]; none is the start of the range), or `since` where that is at most
+/// [`look_back_in_claims!`] behind it.
 macro_rules! floor_of {
     ($w:literal, $p:literal) => {
         concat!(
-            "coalesce(to_timestamp(CASE WHEN ",
+            "coalesce(to_timestamp(least(",
+            floor_at!($w, $p),
+            ", CASE WHEN ",
             $w,
             ".since >= ",
-            $w,
-            ".floors[(",
-            $w,
-            ".ord - 1) * 10 + ",
-            $p,
-            " + 1] - ",
+            floor_at!($w, $p),
+            " - ",
             look_back_in_claims!(),
-            " THEN least(",
+            " THEN ",
             $w,
-            ".since, ",
-            $w,
-            ".floors[(",
-            $w,
-            ".ord - 1) * 10 + ",
-            $p,
-            " + 1]) ELSE ",
-            $w,
-            ".floors[(",
-            $w,
-            ".ord - 1) * 10 + ",
-            $p,
-            " + 1] END), '-infinity')"
+            ".since END)), '-infinity')"
         )
     };
 }
@@ -580,7 +579,7 @@ pub(crate) const LIMIT_LOCK_CLASS: i32 = 0x6a6f_6273;
 /// it reads, so every claim read them all again (24,766 entries of `jobs_running` in a
 /// claim of 10 after one W8p run); a plain index scan marks them, and the next claim
 /// passes them by (W8p: 1,079 to 2,103 jobs/s at concurrency 10). Sequential scans are
-/// off as well, as for the other claims (`runtime::claim::Held`): planned while the
+/// off as well, as for the other claims (`runtime::HeldConn`): planned while the
 /// table was small, the update of the rows taken read the whole table. Every claimer takes
 /// the locks in one order, so two claims of overlapping kinds never deadlock; two
 /// kinds whose names hash alike share a lock, which only serializes their claims.
@@ -1565,6 +1564,15 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The claims' SQL and the runtime's floors look back alike.
+    #[test]
+    fn the_look_back_is_one_figure() {
+        assert_eq!(
+            look_back_in_claims!().parse::<f64>().unwrap(),
+            LOOK_BACK_IN_CLAIMS
+        );
+    }
 
     /// The runtime never asks a claim for more of a kind than the statement takes: a
     /// claim that takes less than asked reads as an empty queue.

@@ -5,8 +5,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use sqlx::Postgres;
-use sqlx::pool::PoolConnection;
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
@@ -194,11 +192,11 @@ impl Ask {
     }
 
     /// Runs the claim on the producer's connection: its first runs of each statement
-    /// there without sequential scans ([`Held`]).
+    /// there without sequential scans ([`super::HeldConn`]).
     pub(super) async fn fetch(
         &self,
         shared: &Shared,
-        held: &mut Held,
+        held: &mut super::HeldConn,
     ) -> Result<Taken, sqlx::Error> {
         let query = crate::pooler::query(self.statement)
             .bind(&self.kinds)
@@ -211,7 +209,7 @@ impl Ask {
             .bind(&self.writers.1);
         let runs = held.runs.entry(self.statement).or_default();
         *runs += 1;
-        let rows = if *runs <= PLANNED_RUNS && !crate::pooler::behind() {
+        let rows = if *runs <= super::PLANNED_RUNS && !crate::pooler::behind() {
             let mut tx = sqlx::Connection::begin_with(
                 &mut *held.conn,
                 "BEGIN; SET LOCAL enable_seqscan = off",
@@ -224,47 +222,6 @@ impl Ask {
             crate::pooler::alone!(&mut *held.conn, query, fetch_all).await?
         };
         Taken::read(&rows)
-    }
-}
-
-/// How many times each claim statement runs on a connection without sequential scans:
-/// PostgreSQL plans a prepared statement's first five runs for their parameters, and
-/// plans it once for all at the sixth (the generic plan, kept until the table's
-/// statistics change).
-const PLANNED_RUNS: u32 = 6;
-
-/// The producer's connection, held across turns (a pool connection is pinged on every
-/// acquire, which would double the claim's round trips), and how many times each claim
-/// statement ran on it.
-///
-/// The first runs of each claim statement on a connection run with sequential scans off,
-/// so that the plan PostgreSQL keeps for it reads the rows the claim locked through the
-/// primary key. Planned by the table's size, the claim's update (`id = ANY(..)`) read
-/// the whole table whenever the runtime started on an empty one: a table of fewer than
-/// ten pages that was never vacuumed counts as ten pages, which a sequential scan reads
-/// more cheaply than ten probes. The plan then stays while the table grows, until its
-/// statistics change (a vacuum or an analyze); with autovacuum off, or before its first
-/// pass, each claim read the whole table (20 ms per claim a minute into a run at 2,000
-/// jobs/s under a held horizon). A plan made again after the statistics change sees the
-/// table's size.
-pub(super) struct Held {
-    pub(super) conn: PoolConnection<Postgres>,
-    runs: HashMap<&'static str, u32>,
-}
-
-impl Held {
-    /// The held connection, taken from the runtime's pool if there is none.
-    pub(super) async fn get<'a>(
-        slot: &'a mut Option<Held>,
-        db: &sqlx::PgPool,
-    ) -> Result<&'a mut Held, sqlx::Error> {
-        if slot.is_none() {
-            *slot = Some(Held {
-                conn: db.acquire().await?,
-                runs: HashMap::new(),
-            });
-        }
-        Ok(slot.as_mut().expect("just set"))
     }
 }
 

@@ -41,16 +41,6 @@ const SNAPSHOTS_KEPT: usize = 4_096;
 /// The least time between two snapshots kept.
 const SNAPSHOT_EVERY: Duration = Duration::from_millis(10);
 
-/// How far behind a floor a writer that ended may have written for the claim that saw
-/// it end to scan from there itself (`sql::LOOK_BACK_IN_CLAIMS`; further, the probe
-/// looks). Every claim sees some writer end (the runtime's own completions, other
-/// runtimes' claims), a few milliseconds behind the floors: a probe for each (a round
-/// trip beside every claim) cost W2 3 to 7 % of its drain. A long transaction's time
-/// lies far behind: a claim from there would walk every entry claimed since (21 ms for
-/// a minute at 2,000 jobs/s, under the horizon that transaction holds), and what it
-/// committed is re-stamped anyway (migration 13).
-const LOOK_BACK_IN_CLAIMS: f64 = sql::LOOK_BACK_IN_CLAIMS;
-
 /// One claimed row's report on the floors, as the claim returned it.
 pub(super) struct Report {
     pub kind: &'static str,
@@ -117,13 +107,13 @@ impl Floors {
     pub(super) fn after_claim(&mut self, snapshot: &Snapshot, rows: &[Report]) {
         let lag = sql::CLAIM_FLOOR_LAG.as_secs_f64();
         // A writer has ended: look behind the floors from its time. The claim did where
-        // that is near (a floor at most `LOOK_BACK_IN_CLAIMS` past it: so do the floors,
+        // that is near (a floor at most `sql::LOOK_BACK_IN_CLAIMS` past it: so do the floors,
         // before the rows it took move them up); the probe beside the claims does the
         // rest, which the claims do not wait for.
         if let Some(since) = snapshot.since {
             let mut far = false;
             for floor in self.at.values_mut() {
-                if since >= *floor - LOOK_BACK_IN_CLAIMS {
+                if since >= *floor - sql::LOOK_BACK_IN_CLAIMS {
                     *floor = floor.min(since);
                 } else {
                     far = true;

@@ -17,9 +17,9 @@ pub(super) struct Paused {
 impl Paused {
     /// Reads the paused kinds and the limits again; keeps the last reading if the
     /// database does not answer (the claim that follows reports the outage).
-    pub(super) async fn read(&mut self, shared: &Shared, conn: &mut Option<super::claim::Held>) {
+    pub(super) async fn read(&mut self, shared: &Shared, conn: &mut Option<super::HeldConn>) {
         let query = async {
-            let held = super::claim::Held::get(conn, &shared.db).await?;
+            let held = super::HeldConn::get(conn, &shared.db).await?;
             crate::pooler::alone!(
                 &mut *held.conn,
                 crate::pooler::query_as::<_, (String, bool, Option<i32>, Option<i32>, Option<i64>)>(

@@ -66,13 +66,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::Shared;
 use super::ahead::Rates;
 use super::backoff::Backoff;
-use super::claim::{Ask, ClaimRow, Held, Seen, Taken, claim_order, start};
+use super::claim::{Ask, ClaimRow, Seen, Taken, claim_order, start};
 use super::floors::{Floors, Report, Snapshot};
 use super::paused::Paused;
 use super::periodic::Periodic;
+use super::{HeldConn, Shared};
 use crate::registry::HandlerInfo;
 use crate::sql;
 
@@ -153,8 +153,8 @@ struct Producer {
     shared: Arc<Shared>,
     executors: Executors,
     stop: watch::Receiver<bool>,
-    /// The connection claims go through, held across turns ([`Held`]).
-    conn: Option<Held>,
+    /// The connection claims go through, held across turns ([`HeldConn`]).
+    conn: Option<HeldConn>,
     backoff: Backoff,
     poll: tokio::time::Interval,
     periodic: Periodic,
@@ -474,7 +474,7 @@ impl Producer {
         let shared = self.shared.clone();
         let conn = &mut self.conn;
         let fetch = async {
-            let held = Held::get(conn, &shared.db).await?;
+            let held = HeldConn::get(conn, &shared.db).await?;
             ask.fetch(&shared, held).await
         };
         match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
@@ -539,7 +539,7 @@ impl Producer {
         let shared = self.shared.clone();
         let conn = &mut self.conn;
         let fetch = async {
-            let held = Held::get(conn, &shared.db).await?;
+            let held = HeldConn::get(conn, &shared.db).await?;
             super::global::claim(&shared, &mut held.conn, &asks).await
         };
         match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
@@ -812,7 +812,7 @@ fn claim_backoff() -> Backoff {
 /// the job table.
 async fn next_due(
     shared: &Shared,
-    conn: &mut Option<Held>,
+    conn: &mut Option<HeldConn>,
     per_kind: &[(&'static HandlerInfo, usize)],
     window: Duration,
 ) -> (Option<Duration>, bool) {
@@ -822,7 +822,7 @@ async fn next_due(
         .map(|(info, _)| info.kind)
         .collect();
     let query = async {
-        let held = Held::get(conn, &shared.db).await?;
+        let held = HeldConn::get(conn, &shared.db).await?;
         crate::pooler::alone!(
             &mut *held.conn,
             crate::pooler::query_as::<_, (Option<f64>, bool)>(sql::NEXT_DUE)
