@@ -135,6 +135,7 @@ run mut-limit-no-lock          bfs  error -DLIMIT -DMUT_LIMIT_NO_LOCK
 run mut-limit-lock-early-release bfs error -DLIMIT -DMUT_LIMIT_LOCK_EARLY_RELEASE
 run mut-limit-snapshot-before-lock bfs error -DLIMIT -DMUT_LIMIT_SNAPSHOT_BEFORE_LOCK
 run mut-limit-plain-claim      bfs  error -DLIMIT -DMUT_LIMIT_PLAIN_CLAIM
+run mut-limit-handoff-refused  bfs  error -DLIMIT -DMUT_HANDOFF_REFUSED
 run mut-limit2-no-lock         bfs  error -DLIMIT -DNW=3 -DLIMN=2 -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0 -DMUT_LIMIT_NO_LOCK
 # The partition's: each must break P9.
 run mut-partition-no-lock      bfs  error -DPARTITION -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0 -DMUT_LIMIT_NO_LOCK

@@ -55,7 +55,10 @@
  * rescued, retried and cancelled like the key's rows, without coalescing), so that
  * LIMN + 1 rows can be pending at once. The limited claim keeps no floors (the code's
  * claims of a limited kind start every scan at the start of its range), so the floors'
- * steps are left out. -DNW=3 adds a third runtime, for LIMN = 2.
+ * steps are left out. -DNW=3 adds a third runtime, for LIMN = 2. A completion hands
+ * its share on without the lock (HAND_OFF): in one statement it completes the claim
+ * and takes a claimable row if the rows running in its snapshot, the completed one
+ * among them, are within LIMN; the runtime's slot goes to that row.
  *
  * Partitions (-DPARTITION, which implies -DLIMIT). The limit holds per partition: at
  * most LIMN rows of each partition running at once (P9; the kind as a whole may run
@@ -78,7 +81,7 @@
  * runtime claims again once its slot is free and it holds nothing ahead.
  */
 
-/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH LIMIT_LOCK CLAIM_LIMITED CLAIM_PARTITIONED */
+/* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH LIMIT_LOCK CLAIM_LIMITED CLAIM_PARTITIONED HAND_OFF HAND_OFF_ONE */
 /* statements read-only, not modelled: HISTORY LAST_CHECKPOINT DB_NOW THROUGHPUT KIND_SETTINGS LIMITS PAUSED RUNTIMES NEXT_DUE LIST_NEWEST LIST_OLDEST GET STATS DONE_KINDS LIVE_PAYLOADS ANY_DUE LAG_DEPTH */
 /* statements writing outside the modelled rows, not modelled: ENQUEUE_ONE_UNKEYED ENQUEUE_UNKEYED ARM_PERIODIC PRUNE_BATCH PRUNE_CANCELLED_BATCH THROUGHPUT_ADD THROUGHPUT_PRUNE PAUSE RESUME RUNTIME_SEEN RUNTIME_GONE RUNTIMES_STALE NOTIFY_FREED SET_LIMITS CLEAR_LIMITS */
 /* statements writing only a column the protocol never reads, fenced, not modelled: CHECKPOINT */
@@ -94,7 +97,8 @@
  *   NT          triggers the application sends (default 2)
  *   HOLDBACK    (b) by floors held below a writer in progress (default: floors pass
  *               it, and its commit re-stamps its rows, (d))
- *   LIMIT       the kind has a global concurrency limit (LIMIT_LOCK, CLAIM_LIMITED)
+ *   LIMIT       the kind has a global concurrency limit (LIMIT_LOCK, CLAIM_LIMITED,
+ *               HAND_OFF)
  *   LIMN        with LIMIT: the limit (default 1)
  *   NU          with LIMIT: unkeyed rows, 1 to 3 (default 1)
  *   NW          runtimes, 2 or 3 (default 2; 3 only with LIMIT)
@@ -108,6 +112,8 @@
  * and, with LIMIT, defects a claim of a limited kind must not have:
  *   MUT_LIMIT_NO_LOCK  MUT_LIMIT_LOCK_EARLY_RELEASE  MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
  *   MUT_LIMIT_PLAIN_CLAIM
+ *   MUT_HANDOFF_REFUSED  a completion the database refused (its claim lapsed, and
+ *               the row was rescued and claimed again) hands a share on all the same
  * (the first three with PARTITION too), and, with PARTITION:
  *   MUT_PARTITION_RANK_IGNORES_RUNNING  the ranking leaves a partition's running rows
  *               out: a partition below its limit takes up to LIMN more
@@ -823,6 +829,36 @@ end:
             :: else -> skip
             fi;
             clear_slot(r) }
+#if defined(LIMIT) && !defined(PARTITION)
+    /* ... or, for the kind with a limit, HAND_OFF (HAND_OFF_ONE, the same statement for
+       one claim): COMPLETE_DELETE's completion and, in the same statement, the claim of
+       a claimable row (SKIP LOCKED) if the rows running in its snapshot, the one it
+       completes among them, are within LIMN: the share changes hands at once, without
+       the kind's lock, and the runtime's slot goes to the row it took. A claim that is
+       not current, or has a re-run mark, hands nothing on: the completer completes it
+       as above. */
+#ifndef MUT_HANDOFF_REFUSED
+#define handing(r)      (current(r, sr[r]) && row[sr[r]].rr == 0)
+#else
+#define handing(r)      (row[sr[r]].rr == 0)    /* a refused completion hands on too */
+#endif
+#define HAND_STEP(i)    :: d_step { ph[r] == WAITC && row[sr[r]].lock == 0 && handing(r) && \
+                                    nrun <= LIMN && claimable(i) -> \
+            if \
+            :: current(r, sr[r]) -> \
+                if \
+                :: dr[r] == 0 -> fate = fate | BIT(sg[r]) \
+                :: else -> skip \
+                fi; \
+                COMPLETE_DELETE(sr[r]) \
+            :: else -> skip \
+            fi; \
+            clear_slot(r); \
+            CLAIM(r, i) }
+    HAND_STEP(0)
+    HAND_STEP(1)
+    UNKEYED(HAND_STEP)
+#endif
     /* the handler snoozes: RELEASE, which waits for the row lock */
     :: d_step { ph[r] == RUN && snoozes < MAXSNOOZE && row[sr[r]].lock == 0 ->
             snoozes++;

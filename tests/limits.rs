@@ -1045,3 +1045,130 @@ async fn a_partitioned_claim_of_an_empty_kind_reads_no_other_kinds_backlog(pool:
         top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap();
     assert!(blocks < 100, "the claim read {blocks} blocks: {plan}");
 }
+
+/// A kind of one share whose first job waits for [`HANDED_GATE`].
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.handed", global_concurrency = 1)]
+struct Handed {
+    first: bool,
+}
+
+static HANDED: Gauge = Gauge::new();
+static HANDED_GATE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+static HANDED_STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[jobs::handler]
+async fn handed(job: Handed, _ctx: JobContext) -> Result<(), JobError> {
+    if job.first {
+        HANDED_STARTED.store(true, Ordering::SeqCst);
+        HANDED_GATE.notified().await;
+    }
+    HANDED.run_for(5).await;
+    Ok(())
+}
+
+/// The same, for the test of a paused kind.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.handed_paused", global_concurrency = 1)]
+struct HandedPaused {
+    first: bool,
+}
+
+static PAUSED_GATE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+static PAUSED_STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[jobs::handler]
+async fn handed_paused(job: HandedPaused, _ctx: JobContext) -> Result<(), JobError> {
+    if job.first {
+        PAUSED_STARTED.store(true, Ordering::SeqCst);
+        PAUSED_GATE.notified().await;
+    }
+    Ok(())
+}
+
+/// Holds the advisory lock of `kind`'s limited claims in a transaction of its own, as a
+/// claim of another runtime that froze while it held it.
+async fn hold_kinds_lock(pool: &PgPool, kind: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut frozen = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+        .bind(0x6a6f_6273_i32)
+        .bind(kind)
+        .execute(&mut *frozen)
+        .await
+        .unwrap();
+    frozen
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_finished_jobs_share_goes_to_the_next_job_in_its_completion(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    batch.push(&Handed { first: true }).unwrap();
+    for _ in 0..5 {
+        batch.push(&Handed { first: false }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    // Polls once an hour: a claim that cannot get the kind's lock leaves the kind until
+    // then.
+    let rt =
+        Running::start(runtime(&pool, &["limits.handed"]).poll_interval(Duration::from_secs(3600)));
+    wait_until("the first job started", || async {
+        HANDED_STARTED.load(Ordering::SeqCst)
+    })
+    .await;
+    // From now on no claim of the kind gets its lock: each job after the first starts
+    // only because the completion of the one before it handed its share on.
+    let frozen = hold_kinds_lock(&pool, "limits.handed").await;
+    HANDED_GATE.notify_one();
+    wait_until("every job ran, the kind's lock held elsewhere", || async {
+        common::count_kind(&pool, "limits.handed").await == 0
+    })
+    .await;
+    frozen.rollback().await.unwrap();
+    rt.stop().await;
+    assert_eq!(HANDED.most(), 1, "more than the one share ran at once");
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_paused_kinds_share_is_not_handed_on(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    batch.push(&HandedPaused { first: true }).unwrap();
+    for _ in 0..3 {
+        batch.push(&HandedPaused { first: false }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let rt = Running::start(
+        runtime(&pool, &["limits.handed_paused"]).poll_interval(Duration::from_secs(3600)),
+    );
+    wait_until("the first job started", || async {
+        PAUSED_STARTED.load(Ordering::SeqCst)
+    })
+    .await;
+    // The kind's lock held elsewhere: only a hand-off could start another job.
+    let frozen = hold_kinds_lock(&pool, "limits.handed_paused").await;
+    jobs::admin::pause(&pool, "limits.handed_paused")
+        .await
+        .unwrap();
+    PAUSED_GATE.notify_one();
+    wait_until("the first job's completion", || async {
+        common::count_kind(&pool, "limits.handed_paused").await == 3
+    })
+    .await;
+    // Its completion took nothing in the same statement: the rest are pending.
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobs WHERE kind = 'limits.handed_paused' AND state = 'pending'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(pending, 3, "a paused kind's share was handed on");
+    // Resumed, and the lock free, they run.
+    frozen.rollback().await.unwrap();
+    jobs::admin::resume(&pool, "limits.handed_paused")
+        .await
+        .unwrap();
+    wait_until("the rest ran once resumed", || async {
+        common::count_kind(&pool, "limits.handed_paused").await == 0
+    })
+    .await;
+    rt.stop().await;
+}

@@ -860,6 +860,107 @@ WHERE (SELECT count(*) FROM picked) >= $2
 "#
 );
 
+/// [`HAND_OFF`] and [`HAND_OFF_ONE`], from where they read the claims (`id, token`), the
+/// kinds (`kind, lim, lease_ms, ord`) and each row's lease.
+macro_rules! hand_off {
+    ($claims:literal, $kinds:literal, $lease:literal) => {
+        concat!(
+            r#"
+WITH mine AS MATERIALIZED (
+    SELECT l.id, l.kind
+    FROM "#,
+            $claims,
+            r#"
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.kind FROM jobs j
+        WHERE j.id = c.id AND j.claimed_by = c.token
+          AND j.claimed_until > statement_timestamp() AND j.rerun_after IS NULL
+        FOR UPDATE SKIP LOCKED
+    ) l
+),
+ended AS (
+    DELETE FROM jobs j
+    WHERE j.id = ANY(ARRAY(SELECT id FROM mine))
+    RETURNING j.id
+),
+wanted AS MATERIALIZED (
+    SELECT w.kind, w.lease_ms, w.ord, '{}'::float8[] AS floors, NULL::float8 AS since,
+           greatest(least(m.n, w.lim - r.running + m.n), 0)::int AS n
+    FROM "#,
+            $kinds,
+            r#"
+    CROSS JOIN LATERAL (SELECT count(*) AS n FROM mine WHERE mine.kind = w.kind) m
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS running FROM jobs r
+        WHERE r.state = 'running' AND r.kind = w.kind
+    ) r
+    WHERE m.n > 0 AND NOT EXISTS (SELECT FROM jobs_paused p WHERE p.kind = w.kind)
+),
+picked AS MATERIALIZED (
+    SELECT c.id, c.ord
+    FROM wanted w
+    "#,
+            locking_scan!("w.n"),
+            r#"
+),
+"#,
+            claimed!("$6", "statement_timestamp()", "", $lease),
+            r#"
+SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
+       c.run_after, c.priority, false AS ended
+FROM claimed c
+UNION ALL
+SELECT e.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true
+FROM ended e
+"#
+        )
+    };
+}
+
+/// Completes the claims `($4[i], $5[i])` of kinds whose one limit is a global
+/// concurrency for the kind as a whole (`$1[k]`, limit `$2[k]`, lease `$3[k]` ms) and,
+/// in the same statement, hands each freed share on: claims as many of the kind's next
+/// jobs for runtime `$6` as it completed of the kind, fewer when the kind runs above
+/// its limit (an operator lowered it), none while it is paused (`jobs_paused`). The
+/// completion is [`COMPLETE_DELETE`]'s: a claim that is not current, has a re-run mark
+/// or whose row another transaction holds is left alone (the completer completes it
+/// the ordinary way), and hands nothing on. Returns the claimed rows (the columns of
+/// [`CLAIM`], `ended` false) and the ids completed (`ended` true, the rest NULL).
+///
+/// Why it needs no lock: a share changes hands inside one statement, so the jobs of
+/// the kind running never grow: it takes `least(ended, limit - running + ended)`,
+/// where `running`, counted in its snapshot, includes the claims it ends. A
+/// [`CLAIM_LIMITED`] under the kind's lock counts the ended job as running if this
+/// commits after its snapshot (and then cannot take the successor: the row is locked
+/// here, SKIP LOCKED, or running when it is rechecked), or the successor as running if
+/// before: its count is exact either way. Two hand-offs at once each take no more than
+/// they end. A rate counts starts in a window under the lock, so a kind with a rate is
+/// never handed on this way, nor one limited per partition.
+///
+/// Saves a kind at its limit, per ended job, the claim transaction's four round trips
+/// and the wait for the kind's lock: W8 (BENCHMARKS.md).
+///
+/// Index: primary key for the completions; `jobs_running (kind, id)` for the count (at
+/// most the limit's rows); `jobs_claim`, one range per priority, for the scan; the
+/// primary key for the update. Prepared, as the claims are, and planned without
+/// sequential scans until its plan is kept (`runtime::HeldConn`): sent unnamed, its
+/// parse and plan took 0.8 ms of the 1 ms it spent on the server in W8. Its plan for
+/// any arrays costs more than one for arrays of one, so PostgreSQL plans it again at
+/// every run (0.4 ms): a hand-off of one claim goes as [`HAND_OFF_ONE`].
+pub(crate) const HAND_OFF: &str = hand_off!(
+    "unnest($4::bigint[], $5::uuid[]) AS c(id, token)",
+    "unnest($1::text[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(kind, lim, lease_ms, ord)",
+    "$3[array_position($1::text[], j.kind)]"
+);
+
+/// [`HAND_OFF`] for one claim: each parameter a value, not an array, so that PostgreSQL
+/// keeps one plan for it (in W8 nearly every hand-off comes alone).
+pub(crate) const HAND_OFF_ONE: &str = hand_off!(
+    "(SELECT $4::bigint AS id, $5::uuid AS token) c",
+    "(SELECT $1::text AS kind, $2::int AS lim, $3::bigint AS lease_ms, 1::bigint AS ord) w",
+    "$3"
+);
+
 /// Tells every listening runtime that a share of each kind in `$1` (kinds with a global
 /// limit) is free: a claim of the kind that found no free share waits for this, not
 /// for the poll interval.
@@ -1550,6 +1651,8 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         ("LIMIT_LOCK", LIMIT_LOCK),
         ("CLAIM_LIMITED", CLAIM_LIMITED),
         ("CLAIM_PARTITIONED", CLAIM_PARTITIONED),
+        ("HAND_OFF", HAND_OFF),
+        ("HAND_OFF_ONE", HAND_OFF_ONE),
         ("NOTIFY_FREED", NOTIFY_FREED),
         ("RUNTIME_SEEN", RUNTIME_SEEN),
         ("RUNTIME_GONE", RUNTIME_GONE),

@@ -207,20 +207,7 @@ impl Ask {
             .bind(shared.runtime_id)
             .bind(&self.writers.0)
             .bind(&self.writers.1);
-        let runs = held.runs.entry(self.statement).or_default();
-        *runs += 1;
-        let rows = if *runs <= super::PLANNED_RUNS && !crate::pooler::behind() {
-            let mut tx = sqlx::Connection::begin_with(
-                &mut *held.conn,
-                "BEGIN; SET LOCAL enable_seqscan = off",
-            )
-            .await?;
-            let rows = query.fetch_all(&mut *tx).await?;
-            tx.commit().await?;
-            rows
-        } else {
-            crate::pooler::alone!(&mut *held.conn, query, fetch_all).await?
-        };
+        let rows = held.fetch_planned(self.statement, query).await?;
         Taken::read(&rows)
     }
 }

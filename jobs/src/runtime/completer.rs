@@ -9,13 +9,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{PgConnection, PgPool};
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::Flight;
+use super::claim::ClaimRow;
+use super::global::Freed;
+use super::{Flight, HeldConn};
 use crate::context::Inner;
 use crate::runtime::backoff::Backoff;
 use crate::sql;
@@ -32,6 +33,17 @@ pub(crate) struct Completion {
     /// The kind, if it has a global concurrency limit: once the completion is written,
     /// its share is free ([`super::global::Freed`]).
     pub limited: Option<&'static str>,
+    /// With `limited`, when the completion hands its share on to the kind's next job in
+    /// the statement that writes it ([`sql::HAND_OFF`]).
+    pub hand_off: Option<HandOff>,
+}
+
+/// What a completion needs to hand its kind's share on ([`sql::HAND_OFF`]): the
+/// kind's global concurrency and its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandOff {
+    pub limit: i32,
+    pub lease_ms: i64,
 }
 
 impl Completion {
@@ -42,6 +54,7 @@ impl Completion {
             keep: job.config.retain.is_some(),
             every_ms: job.next_run_ms(),
             limited: None,
+            hand_off: None,
         }
     }
 }
@@ -141,6 +154,108 @@ pub(crate) async fn complete_batch(
     Ok(written)
 }
 
+/// One row of [`sql::HAND_OFF`]: a job claimed for a freed share, or a claim completed.
+enum HandOffRow {
+    Job(ClaimRow),
+    Ended(i64),
+}
+
+impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for HandOffRow {
+    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        if row.try_get("ended")? {
+            return Ok(HandOffRow::Ended(row.try_get("id")?));
+        }
+        Ok(HandOffRow::Job(ClaimRow::job(row)?))
+    }
+}
+
+/// What a round's hand-offs came to: the claims completed, and the kinds that handed
+/// on fewer shares than they freed (their producer claims the rest the ordinary way).
+#[derive(Default)]
+struct HandedOn {
+    done: HashSet<i64>,
+    short: HashSet<&'static str>,
+}
+
+/// Completes the claims of `batch` that hand their share on, and their kinds' next jobs
+/// in the same statement ([`sql::HAND_OFF`]), claimed for `runtime`; those jobs go to
+/// the producer, or back to the table if it has stopped ([`Freed::hand`]).
+async fn hand_off(
+    conn: &mut HeldConn,
+    batch: &[Completion],
+    runtime: Uuid,
+    freed: &Freed,
+) -> Result<HandedOn, sqlx::Error> {
+    let hand: Vec<(&'static str, &Completion, HandOff)> = batch
+        .iter()
+        .filter_map(|c| Some((c.limited?, c, c.hand_off?)))
+        .collect();
+    let mut kinds: Vec<&'static str> = Vec::new();
+    let (mut limits, mut leases) = (Vec::new(), Vec::new());
+    for &(kind, _, h) in &hand {
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+            limits.push(h.limit);
+            leases.push(h.lease_ms);
+        }
+    }
+    let (statement, query) = if let [(kind, c, h)] = hand[..] {
+        let query = crate::pooler::query(sql::HAND_OFF_ONE)
+            .bind(kind)
+            .bind(h.limit)
+            .bind(h.lease_ms)
+            .bind(c.id)
+            .bind(c.token);
+        (sql::HAND_OFF_ONE, query)
+    } else {
+        let ids: Vec<i64> = hand.iter().map(|(_, c, _)| c.id).collect();
+        let tokens: Vec<Uuid> = hand.iter().map(|(_, c, _)| c.token).collect();
+        let query = crate::pooler::query(sql::HAND_OFF)
+            .bind(&kinds)
+            .bind(&limits)
+            .bind(&leases)
+            .bind(ids)
+            .bind(tokens);
+        (sql::HAND_OFF, query)
+    };
+    let rows = conn.fetch_planned(statement, query.bind(runtime)).await?;
+    let mut on = HandedOn::default();
+    let mut claimed = Vec::new();
+    for row in &rows {
+        match sqlx::FromRow::from_row(row)? {
+            HandOffRow::Ended(id) => {
+                on.done.insert(id);
+            }
+            HandOffRow::Job(job) => claimed.push(job),
+        }
+    }
+    for kind in kinds {
+        let ended = hand
+            .iter()
+            .filter(|(k, c, _)| *k == kind && on.done.contains(&c.id))
+            .count();
+        let took = claimed.iter().filter(|r| r.kind == kind).count();
+        if took < ended {
+            on.short.insert(kind);
+        }
+    }
+    if let Err(stopped) = freed.hand(claimed) {
+        for job in stopped {
+            let back = crate::pooler::query(sql::RELEASE)
+                .bind(job.id)
+                .bind(job.claimed_by)
+                .bind(0_i64)
+                .execute(&mut *conn.conn)
+                .await;
+            if let Err(e) = back {
+                tracing::warn!(job.id = job.id, error = %crate::error::server_message(&e), "cannot hand back a job claimed as the runtime stopped; it runs again after its lease");
+            }
+        }
+    }
+    Ok(on)
+}
+
 /// The most completions written in one round, and how many may wait for the next one
 /// (the channel's bound). At 40,000 jobs/s a round of one millisecond's commit carries
 /// about 40; while a commit waits on a slow disk (a WAL flush of 100 ms or more), the
@@ -161,17 +276,21 @@ struct Completer {
     db: PgPool,
     rx: mpsc::Receiver<Completion>,
     flights: Arc<Mutex<HashMap<Uuid, Flight>>>,
-    wake: Arc<Notify>,
     answer_within: Duration,
     throughput: Arc<super::throughput::Throughput>,
-    freed: Arc<super::global::Freed>,
+    freed: Arc<Freed>,
+    /// The runtime's id, which the jobs claimed by hand-offs are claimed for.
+    runtime_id: Uuid,
     /// The round being written.
     batch: Vec<Completion>,
+    /// The round's completions written by hand-offs, and the kinds that handed on
+    /// fewer shares than they freed.
+    handed: (Vec<Completion>, HashSet<&'static str>),
     /// Completions whose row was locked, tried again with the next round.
     waiting: Vec<Completion>,
     /// Held across batches while completions keep coming (a pool connection is pinged
     /// on every acquire), given back to the pool after a quiet moment.
-    conn: Option<PoolConnection<Postgres>>,
+    conn: Option<HeldConn>,
     /// Every sender is gone: the runtime has stopped.
     closed: bool,
     flushed: std::time::Instant,
@@ -187,25 +306,26 @@ struct Completer {
 ///
 /// Each claim's flight is removed once its completion is written or refused, so the
 /// heartbeat renews the claim until then. A completion that sends its job back to
-/// pending (a re-run mark) wakes this runtime's producer (`wake`).
+/// pending (a re-run mark) wakes this runtime's producer.
 pub(crate) async fn run(
     db: PgPool,
     rx: mpsc::Receiver<Completion>,
     flights: Arc<Mutex<HashMap<Uuid, Flight>>>,
-    wake: Arc<Notify>,
     answer_within: Duration,
     throughput: Arc<super::throughput::Throughput>,
-    freed: Arc<super::global::Freed>,
+    freed: Arc<Freed>,
+    runtime_id: Uuid,
 ) {
     let mut completer = Completer {
         db,
         rx,
         flights,
-        wake,
         answer_within,
         throughput,
         freed,
+        runtime_id,
         batch: Vec::with_capacity(256),
+        handed: Default::default(),
         waiting: Vec::new(),
         conn: None,
         closed: false,
@@ -236,8 +356,8 @@ impl Completer {
     async fn flush_throughput(&mut self) {
         let (db, conn, throughput) = (&self.db, &mut self.conn, &self.throughput);
         let write = async {
-            let c = super::held(conn, db).await?;
-            throughput.flush(c).await
+            let c = HeldConn::get(conn, db).await?;
+            throughput.flush(&mut c.conn).await
         };
         if let Err(e) =
             super::answer_within(self.answer_within, "the throughput history", write).await
@@ -292,10 +412,20 @@ impl Completer {
     async fn write(&mut self) -> bool {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         loop {
-            let (db, conn, batch) = (&self.db, &mut self.conn, &self.batch);
+            let (db, conn, batch) = (&self.db, &mut self.conn, &mut self.batch);
+            let (freed, runtime, handed) = (&self.freed, self.runtime_id, &mut self.handed);
             let write = async {
-                let c = super::held(conn, db).await?;
-                complete_alone(c, batch).await
+                let c = HeldConn::get(conn, db).await?;
+                if batch.iter().any(|c| c.hand_off.is_some()) {
+                    // Written once: a retry of the rest does not write these again.
+                    let on = hand_off(c, batch, runtime, freed).await?;
+                    handed.1.extend(on.short);
+                    let (done, rest): (Vec<Completion>, _) =
+                        batch.drain(..).partition(|c| on.done.contains(&c.id));
+                    handed.0.extend(done);
+                    *batch = rest;
+                }
+                complete_alone(&mut c.conn, batch).await
             };
             // If it did not answer, it may still have committed: the retry then finds
             // those claims gone and counts them as refused, which changes nothing.
@@ -330,9 +460,17 @@ impl Completer {
             || self.batch.iter().any(|c| c.keep || c.every_ms.is_some())
             || written.done.len() + written.locked.len() < self.batch.len()
         {
-            self.wake.notify_one();
+            self.freed.wake.notify_one();
         }
         let mut flights = self.flights.lock().expect("lock poisoned");
+        let (handed, short) = &mut self.handed;
+        for c in handed.drain(..) {
+            flights.remove(&c.token);
+            if let Some(kind) = c.limited.filter(|kind| short.contains(kind)) {
+                self.freed.mark(kind);
+            }
+        }
+        short.clear();
         for c in self.batch.drain(..) {
             if written.locked.contains(&c.id) {
                 // Another transaction holds the row: its lease is still renewed (the

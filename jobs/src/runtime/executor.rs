@@ -416,10 +416,13 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
         return false;
     }
     if let Outcome::Succeeded = outcome {
-        let completion = Completion {
+        let mut completion = Completion {
             limited: shared.shares(job.kind).then_some(job.kind),
             ..Completion::of(job)
         };
+        if completion.limited.is_some() && !completion.keep && completion.every_ms.is_none() {
+            completion.hand_off = shared.hand_off(job.kind, job.config.lease_length());
+        }
         if shared.completions.send(completion).await.is_err() {
             tracing::error!("completer stopped; the job will run again after its lease");
             forget();

@@ -233,9 +233,14 @@ pub(crate) struct Freed {
     /// Kinds with shares free that this runtime does not take, to announce.
     others: Mutex<HashSet<&'static str>>,
     /// The producer's wake-up.
-    wake: Arc<Notify>,
+    pub(super) wake: Arc<Notify>,
     /// The announcer's.
     signal: Notify,
+    /// Jobs that completions claimed for the shares they freed ([`sql::HAND_OFF`]),
+    /// for the producer to start; `None` once it has stopped.
+    handed: Mutex<Option<Vec<ClaimRow>>>,
+    /// The producer's wake-up for those.
+    pub(super) handed_signal: Notify,
 }
 
 impl Freed {
@@ -245,6 +250,8 @@ impl Freed {
             others: Mutex::default(),
             wake,
             signal: Notify::new(),
+            handed: Mutex::new(Some(Vec::new())),
+            handed_signal: Notify::new(),
         }
     }
 
@@ -258,6 +265,31 @@ impl Freed {
     /// The kinds [`mark`](Self::mark)ed since the last call.
     pub(super) fn take_here(&self) -> HashSet<&'static str> {
         std::mem::take(&mut *self.here.lock().expect("lock poisoned"))
+    }
+
+    /// Jobs a completion claimed for the shares it freed: the producer starts them.
+    /// Once it has stopped, gives them back for the caller to return to the table.
+    pub(super) fn hand(&self, jobs: Vec<ClaimRow>) -> Result<(), Vec<ClaimRow>> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        match &mut *self.handed.lock().expect("lock poisoned") {
+            Some(handed) => handed.extend(jobs),
+            None => return Err(jobs),
+        }
+        self.handed_signal.notify_one();
+        Ok(())
+    }
+
+    /// The jobs [`hand`](Self::hand)ed on since the last call; with `last`, the
+    /// producer is stopping, and later ones go back to the table.
+    pub(super) fn take_handed(&self, last: bool) -> Vec<ClaimRow> {
+        let mut handed = self.handed.lock().expect("lock poisoned");
+        if last {
+            handed.take().unwrap_or_default()
+        } else {
+            handed.as_mut().map(std::mem::take).unwrap_or_default()
+        }
     }
 
     /// A share of `kind` is free and this runtime does not take it: tell the others.

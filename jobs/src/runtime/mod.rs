@@ -224,10 +224,10 @@ impl Runtime {
             shared.db.clone(),
             ends.completions,
             shared.flights.clone(),
-            shared.wake.clone(),
             self.statement_timeout,
             shared.throughput.clone(),
             shared.freed.clone(),
+            shared.runtime_id,
         ));
         let background = self.background(&shared);
         // Turns true (or its sender is dropped) when the claim loop has ended: after that
@@ -599,28 +599,16 @@ impl RunCounts {
     }
 }
 
-/// The connection a task holds across its statements (a pool connection is pinged on
-/// every acquire, which would double a short statement's round trips), taken from the
-/// runtime's pool when it holds none. A caller drops it (sets `None`) after an error.
-pub(crate) async fn held<'a>(
-    conn: &'a mut Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
-    db: &PgPool,
-) -> Result<&'a mut sqlx::pool::PoolConnection<sqlx::Postgres>, sqlx::Error> {
-    if conn.is_none() {
-        *conn = Some(db.acquire().await?);
-    }
-    Ok(conn.as_mut().expect("just set"))
-}
-
 /// How many times each claim statement runs on a connection without sequential scans:
 /// PostgreSQL plans a prepared statement's first five runs for their parameters, and
 /// plans it once for all at the sixth (the generic plan, kept until the table's
 /// statistics change).
 pub(super) const PLANNED_RUNS: u32 = 6;
 
-/// The producer's connection, held across turns (a pool connection is pinged on every
-/// acquire, which would double the claim's round trips), and how many times each claim
-/// statement ran on it.
+/// A connection a task holds across its statements (a pool connection is pinged on every
+/// acquire, which would double a short statement's round trips), and how many times
+/// each claim statement ran on it: the producer's, and the completer's (its hand-offs
+/// claim, [`sql::HAND_OFF`]). A caller drops it (sets `None`) after an error.
 ///
 /// The first runs of each claim statement on a connection run with sequential scans off,
 /// so that the plan PostgreSQL keeps for it reads the rows the claim locked through the
@@ -650,6 +638,29 @@ impl HeldConn {
             });
         }
         Ok(slot.as_mut().expect("just set"))
+    }
+
+    /// Runs `query`, of the statement `statement`: its first [`PLANNED_RUNS`] runs on
+    /// this connection in a transaction with sequential scans off, the others alone.
+    pub(super) async fn fetch_planned(
+        &mut self,
+        statement: &'static str,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
+        let runs = self.runs.entry(statement).or_default();
+        *runs += 1;
+        if *runs <= PLANNED_RUNS && !crate::pooler::behind() {
+            let mut tx = sqlx::Connection::begin_with(
+                &mut *self.conn,
+                "BEGIN; SET LOCAL enable_seqscan = off",
+            )
+            .await?;
+            let rows = query.fetch_all(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(rows)
+        } else {
+            crate::pooler::alone!(&mut *self.conn, query, fetch_all).await
+        }
     }
 }
 
@@ -967,6 +978,25 @@ impl Shared {
     /// Whether `kind` has a global concurrency limit: a job's end frees a share.
     fn shares(&self, kind: &str) -> bool {
         self.limit_of(kind).is_some_and(|l| l.concurrency.is_some())
+    }
+
+    /// What a successful job of `kind` needs to hand its share on to the kind's next job
+    /// as its completion is written ([`sql::HAND_OFF`]): a kind whose one limit is a
+    /// global concurrency for the kind as a whole, while the runtime claims (it is not
+    /// stopping, and its leases are renewed).
+    fn hand_off(&self, kind: &str, lease: Duration) -> Option<completer::HandOff> {
+        let limit = self.limit_of(kind)?;
+        if limit.rate.is_some()
+            || limit.partition.is_some()
+            || *self.stopping.borrow()
+            || !*self.renewing.borrow()
+        {
+            return None;
+        }
+        Some(completer::HandOff {
+            limit: i32::try_from(limit.concurrency?).unwrap_or(i32::MAX),
+            lease_ms: crate::enqueue::millis(lease),
+        })
     }
 
     /// A job of `kind` has stopped running (its outcome is written): if the kind has a

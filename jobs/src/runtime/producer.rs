@@ -146,6 +146,21 @@ pub(super) async fn run(shared: Arc<Shared>, executors: Executors, stop: watch::
     if let Some(probe) = producer.probe.take() {
         probe.abort();
     }
+    // Jobs handed on from here on go back to the table; these hand themselves back.
+    start_handed(&producer.shared, &producer.executors, true).await;
+}
+
+/// Starts the jobs that completions claimed for the shares they freed
+/// ([`super::global::Freed::hand`]); with `last`, the producer is stopping.
+async fn start_handed(shared: &Arc<Shared>, executors: &Executors, last: bool) {
+    let rows = shared.freed.take_handed(last);
+    if rows.is_empty() {
+        return;
+    }
+    let mut running = executors.lock().await;
+    for row in claim_order(rows, &[]) {
+        start(shared, row, &mut running);
+    }
 }
 
 /// The producer's state between turns.
@@ -223,6 +238,7 @@ impl Producer {
     /// and the floor probe.
     async fn tend(&mut self) -> HashSet<&'static str> {
         while self.executors.lock().await.try_join_next().is_some() {}
+        start_handed(&self.shared, &self.executors, false).await;
         self.periodic.tend(&self.shared).await;
         if self
             .shared
@@ -365,6 +381,7 @@ impl Producer {
             _ = self.shared.slot_freed.notified() => {}
             () = sleep_if(paused, wait.min(self.shared.poll_interval)) => {}
             _ = self.shared.wake.notified(), if paused => {}
+            _ = self.shared.freed.handed_signal.notified() => {}
             _ = self.stop.changed() => {}
         }
     }
@@ -405,14 +422,25 @@ impl Producer {
         // wake-up, every 10 ms while another transaction wrote to the table).
         let limit_due = self.limit_due();
         let writers_only = due.is_some() && due != real_due;
-        let woke = tokio::select! {
-            _ = self.shared.wake.notified() => Woke::Named,
-            _ = self.poll.tick() => Woke::Any,
-            () = sleep_until_due(due) => if writers_only { Woke::Unlimited } else { Woke::Any },
-            () = sleep_until_due(limit_due) => Woke::Named,
-            () = sleep_if(self.follow_up, FOLLOW_UP) => Woke::FollowUp,
-            _ = self.probe_done.notified(), if probing => Woke::Unlimited,
-            _ = self.stop.changed() => Woke::Any,
+        // Jobs handed on by completions start as they come, without a turn (which would
+        // ask for the next-due time again).
+        let slept = Instant::now();
+        let left = |d: Duration| d.saturating_sub(slept.elapsed());
+        let woke = loop {
+            tokio::select! {
+                _ = self.shared.wake.notified() => break Woke::Named,
+                _ = self.poll.tick() => break Woke::Any,
+                () = sleep_until_due(due.map(left)) => {
+                    break if writers_only { Woke::Unlimited } else { Woke::Any }
+                }
+                () = sleep_until_due(limit_due.map(left)) => break Woke::Named,
+                () = sleep_if(self.follow_up, left(FOLLOW_UP)) => break Woke::FollowUp,
+                _ = self.probe_done.notified(), if probing => break Woke::Unlimited,
+                _ = self.stop.changed() => break Woke::Any,
+                _ = self.shared.freed.handed_signal.notified() => {
+                    start_handed(&self.shared, &self.executors, false).await;
+                }
+            }
         };
         let limits = self.shared.limits.read().expect("lock poisoned");
         match woke {
