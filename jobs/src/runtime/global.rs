@@ -13,6 +13,12 @@
 //! cannot take all that is free. Told at every end, every runtime waiting at the limit
 //! claimed at once, one after the other under the lock, and all but one found the
 //! limit reached: W8 ran at half its limit.
+//!
+//! A kind whose one limit is its global concurrency for the kind as a whole hands a
+//! share on without the lock: the completer completes a job of it and claims the
+//! kind's next job in one statement ([`sql::HAND_OFF`]), and passes what it claimed to
+//! the producer ([`Freed::hand`]). Only what a hand-off could not take (the kind ran
+//! out of due jobs, or runs above a lowered limit, or is paused) goes the way above.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -16,7 +16,10 @@
 //!    until a notification names it (one of its jobs ended: the runtime that ends one
 //!    claims the share first, and tells the others only of what it leaves), or its
 //!    rate's window has room, or a poll interval has passed. The other steps never
-//!    ask for such a kind.
+//!    ask for such a kind. A kind whose one limit is its global concurrency mostly
+//!    skips this step: the completion of each of its jobs claims the next one in the
+//!    same statement (`sql::HAND_OFF`, in the completer), and the producer starts what
+//!    it is handed at its next turn, or at once while it waits.
 //! 3. **Idle**: the last claim took less than it asked for, so nothing more is waiting.
 //!    Ask the database when the next scheduled job of these kinds is due
 //!    ([`sql::NEXT_DUE`]), then sleep until that moment, a notification (an enqueue
