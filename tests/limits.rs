@@ -1046,6 +1046,38 @@ async fn a_partitioned_claim_of_an_empty_kind_reads_no_other_kinds_backlog(pool:
     assert!(blocks < 100, "the claim read {blocks} blocks: {plan}");
 }
 
+/// Holds a kind's first job until the test lets it go.
+struct Gate {
+    started: std::sync::atomic::AtomicBool,
+    open: tokio::sync::Notify,
+}
+
+impl Gate {
+    const fn new() -> Self {
+        Gate {
+            started: std::sync::atomic::AtomicBool::new(false),
+            open: tokio::sync::Notify::const_new(),
+        }
+    }
+
+    /// In the handler: says it started, and waits to be let go.
+    async fn hold(&self) {
+        self.started.store(true, Ordering::SeqCst);
+        self.open.notified().await;
+    }
+
+    async fn until_started(&self) {
+        wait_until("the first job started", || async {
+            self.started.load(Ordering::SeqCst)
+        })
+        .await;
+    }
+
+    fn let_go(&self) {
+        self.open.notify_one();
+    }
+}
+
 /// A kind of one share whose first job waits for [`HANDED_GATE`].
 #[derive(Job, Serialize, Deserialize)]
 #[job(kind = "limits.handed", global_concurrency = 1)]
@@ -1054,14 +1086,12 @@ struct Handed {
 }
 
 static HANDED: Gauge = Gauge::new();
-static HANDED_GATE: tokio::sync::Notify = tokio::sync::Notify::const_new();
-static HANDED_STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static HANDED_GATE: Gate = Gate::new();
 
 #[jobs::handler]
 async fn handed(job: Handed, _ctx: JobContext) -> Result<(), JobError> {
     if job.first {
-        HANDED_STARTED.store(true, Ordering::SeqCst);
-        HANDED_GATE.notified().await;
+        HANDED_GATE.hold().await;
     }
     HANDED.run_for(5).await;
     Ok(())
@@ -1074,14 +1104,12 @@ struct HandedPaused {
     first: bool,
 }
 
-static PAUSED_GATE: tokio::sync::Notify = tokio::sync::Notify::const_new();
-static PAUSED_STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static PAUSED_GATE: Gate = Gate::new();
 
 #[jobs::handler]
 async fn handed_paused(job: HandedPaused, _ctx: JobContext) -> Result<(), JobError> {
     if job.first {
-        PAUSED_STARTED.store(true, Ordering::SeqCst);
-        PAUSED_GATE.notified().await;
+        PAUSED_GATE.hold().await;
     }
     Ok(())
 }
@@ -1111,14 +1139,11 @@ async fn a_finished_jobs_share_goes_to_the_next_job_in_its_completion(pool: PgPo
     // then.
     let rt =
         Running::start(runtime(&pool, &["limits.handed"]).poll_interval(Duration::from_secs(3600)));
-    wait_until("the first job started", || async {
-        HANDED_STARTED.load(Ordering::SeqCst)
-    })
-    .await;
+    HANDED_GATE.until_started().await;
     // From now on no claim of the kind gets its lock: each job after the first starts
     // only because the completion of the one before it handed its share on.
     let frozen = hold_kinds_lock(&pool, "limits.handed").await;
-    HANDED_GATE.notify_one();
+    HANDED_GATE.let_go();
     wait_until("every job ran, the kind's lock held elsewhere", || async {
         common::count_kind(&pool, "limits.handed").await == 0
     })
@@ -1139,16 +1164,13 @@ async fn a_paused_kinds_share_is_not_handed_on(pool: PgPool) {
     let rt = Running::start(
         runtime(&pool, &["limits.handed_paused"]).poll_interval(Duration::from_secs(3600)),
     );
-    wait_until("the first job started", || async {
-        PAUSED_STARTED.load(Ordering::SeqCst)
-    })
-    .await;
+    PAUSED_GATE.until_started().await;
     // The kind's lock held elsewhere: only a hand-off could start another job.
     let frozen = hold_kinds_lock(&pool, "limits.handed_paused").await;
     jobs::admin::pause(&pool, "limits.handed_paused")
         .await
         .unwrap();
-    PAUSED_GATE.notify_one();
+    PAUSED_GATE.let_go();
     wait_until("the first job's completion", || async {
         common::count_kind(&pool, "limits.handed_paused").await == 3
     })

@@ -599,6 +599,26 @@ FROM (SELECT DISTINCT hashtext(kind) AS h
 /// claims its other kinds meanwhile.
 pub(crate) const LIMIT_LOCK_WAIT: &str = "250ms";
 
+/// The CTEs `picked` (the first `n` due jobs of each kind of `wanted`, locked: `id,
+/// ord`) and `claimed` (their update, for runtime `$runtime`, each row's lease
+/// `$lease` ms from `statement_timestamp()`) of the claims that keep no floors: those
+/// of kinds with a limit, and the hand-offs.
+macro_rules! claims_without_floors {
+    ($runtime:literal, $lease:literal) => {
+        concat!(
+            r#"picked AS MATERIALIZED (
+    SELECT c.id, c.ord
+    FROM wanted w
+    "#,
+            locking_scan!("w.n"),
+            r#"
+),
+"#,
+            claimed!($runtime, "statement_timestamp()", "", $lease)
+        )
+    };
+}
+
 /// Claims jobs of the kinds `$1` that have a limit across runtimes: up to `$2[i]` (the
 /// runtime's free slots for the kind), with a lease of `$3[i]` ms; no more than the
 /// global concurrency `$4[i]` less the jobs of the kind running now; and no more than
@@ -659,15 +679,8 @@ WITH wanted AS MATERIALIZED (
           AND s.at > statement_timestamp() - w.rate_ms * interval '1 millisecond'
     ) s
 ),
-picked AS MATERIALIZED (
-    SELECT c.id, c.ord
-    FROM wanted w
-    "#,
-    locking_scan!("w.n"),
-    r#"
-),
 "#,
-    claimed!("$5", "statement_timestamp()"),
+    claims_without_floors!("$5", "$3[array_position($1::text[], j.kind)]"),
     r#",
 logged AS (
     INSERT INTO jobs_starts (kind, at, n)
@@ -896,15 +909,8 @@ wanted AS MATERIALIZED (
     ) r
     WHERE m.n > 0 AND NOT EXISTS (SELECT FROM jobs_paused p WHERE p.kind = w.kind)
 ),
-picked AS MATERIALIZED (
-    SELECT c.id, c.ord
-    FROM wanted w
-    "#,
-            locking_scan!("w.n"),
-            r#"
-),
 "#,
-            claimed!("$6", "statement_timestamp()", "", $lease),
+            claims_without_floors!("$6", $lease),
             r#"
 SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
        c.run_after, c.priority, false AS ended
