@@ -249,6 +249,18 @@ async fn in_tx(_job: InTx, ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
+/// A kind of two shares across runtimes: each completion hands its share on.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pb.limited", global_concurrency = 2)]
+struct Limited {
+    n: u32,
+}
+
+#[jobs::handler]
+async fn limited(_job: Limited, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, "limited").await
+}
+
 async fn runs_table(direct: &PgPool) {
     sqlx::query("CREATE TABLE runs (job_id bigint, attempt int, note text)")
         .execute(direct)
@@ -322,11 +334,14 @@ async fn a_runtime_behind_pgbouncer_in_transaction_mode_runs_every_job_as_often_
     for n in 0..30 {
         batch.push(&Flaky { n }).unwrap();
         batch.push(&InTx { n }).unwrap();
+        batch.push(&Limited { n }).unwrap();
     }
     batch.enqueue(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();
 
-    let rt = Running::start(runtime(&pool, &["pb.plain", "pb.flaky", "pb.tx"]).concurrency(10));
+    let rt = Running::start(
+        runtime(&pool, &["pb.plain", "pb.flaky", "pb.tx", "pb.limited"]).concurrency(10),
+    );
     wait_until("every job done", || async { live(&direct).await == 0 }).await;
     rt.stop().await;
 
@@ -343,6 +358,7 @@ async fn a_runtime_behind_pgbouncer_in_transaction_mode_runs_every_job_as_often_
     assert_eq!(count("plain").await, 300);
     assert_eq!(count("flaky").await, 30);
     assert_eq!(count("tx").await, 30);
+    assert_eq!(count("limited").await, 30);
     assert_eq!(
         off(&direct, "plain", 1).await,
         Vec::<i64>::new(),
@@ -357,6 +373,11 @@ async fn a_runtime_behind_pgbouncer_in_transaction_mode_runs_every_job_as_often_
         off(&direct, "tx", 1).await,
         Vec::<i64>::new(),
         "committed once each"
+    );
+    assert_eq!(
+        off(&direct, "limited", 1).await,
+        Vec::<i64>::new(),
+        "handed on, run once each"
     );
     let failed: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'failed'")
         .fetch_one(&direct)
