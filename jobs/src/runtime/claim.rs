@@ -302,30 +302,45 @@ fn fair_shares(frees: &[usize], want: usize) -> Vec<usize> {
 /// urgent priority first; within it the kinds take turns in the order of `kinds` (each
 /// kind's n-th job, by run-after and id, before any kind's n+1-th), as the claim shared
 /// them.
-pub(super) fn claim_order(mut rows: Vec<ClaimRow>, kinds: &[&'static str]) -> Vec<ClaimRow> {
-    let position = |kind: &str| kinds.iter().position(|k| *k == kind).unwrap_or(usize::MAX);
-    rows.sort_by(|a, b| {
-        (position(&a.kind), a.priority)
-            .cmp(&(position(&b.kind), b.priority))
-            .then(
-                (a.run_after, a.id)
-                    .partial_cmp(&(b.run_after, b.id))
-                    .unwrap_or(std::cmp::Ordering::Equal),
-            )
-    });
-    let mut turn = Vec::with_capacity(rows.len());
-    for (i, row) in rows.iter().enumerate() {
-        let same = i > 0 && (&rows[i - 1].kind, rows[i - 1].priority) == (&row.kind, row.priority);
-        turn.push(if same { turn[i - 1] + 1 } else { 0 });
-    }
-    let mut keyed: Vec<(i16, usize, ClaimRow)> = rows
-        .into_iter()
-        .zip(turn)
-        .map(|(row, turn)| (row.priority, turn, row))
+pub(super) fn claim_order(rows: Vec<ClaimRow>, kinds: &[&'static str]) -> Vec<ClaimRow> {
+    // Each row's kind's place in `kinds`, looked up once: looked up in each comparison
+    // of the sort, it was a twentieth of a busy runtime's time with ten kinds (`memcmp`).
+    // The sorts move indices, not rows.
+    let place: Vec<usize> = rows
+        .iter()
+        .map(|r| {
+            kinds
+                .iter()
+                .position(|k| *k == r.kind)
+                .unwrap_or(usize::MAX)
+        })
         .collect();
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (&rows[a], &rows[b]);
+        (place[a], x.priority).cmp(&(place[b], y.priority)).then(
+            (x.run_after, x.id)
+                .partial_cmp(&(y.run_after, y.id))
+                .unwrap_or(std::cmp::Ordering::Equal),
+        )
+    });
+    // Each row's turn: how many of its kind and priority come before it.
+    let mut keyed: Vec<(i16, usize, usize)> = Vec::with_capacity(rows.len());
+    for (i, &r) in order.iter().enumerate() {
+        let same = i > 0 && {
+            let p = order[i - 1];
+            (&rows[p].kind, rows[p].priority) == (&rows[r].kind, rows[r].priority)
+        };
+        let turn = if same { keyed[i - 1].1 + 1 } else { 0 };
+        keyed.push((rows[r].priority, turn, r));
+    }
     // Stable: within a turn, kinds keep their order.
-    keyed.sort_by_key(|(priority, turn, _)| (*priority, *turn));
-    keyed.into_iter().map(|(_, _, row)| row).collect()
+    keyed.sort_by_key(|&(priority, turn, _)| (priority, turn));
+    let mut rows: Vec<Option<ClaimRow>> = rows.into_iter().map(Some).collect();
+    keyed
+        .into_iter()
+        .map(|(_, _, r)| rows[r].take().expect("each row once"))
+        .collect()
 }
 
 /// Starts the executor of a claimed job.
@@ -364,7 +379,40 @@ pub(super) fn start(shared: &Arc<Shared>, row: ClaimRow, executors: &mut JoinSet
 
 #[cfg(test)]
 mod tests {
-    use super::fair_shares;
+    use super::{ClaimRow, claim_order, fair_shares};
+
+    fn row(id: i64, kind: &str, priority: i16, run_after: f64) -> ClaimRow {
+        ClaimRow {
+            id,
+            kind: kind.to_owned(),
+            attempts: 1,
+            max_attempts: 1,
+            claimed_by: uuid::Uuid::nil(),
+            payload: String::new(),
+            waited: None,
+            run_after: Some(run_after),
+            priority,
+            held_back: None,
+        }
+    }
+
+    #[test]
+    fn claimed_rows_start_by_priority_then_in_turns_of_the_kinds() {
+        let rows = vec![
+            row(1, "a", 0, 2.0),
+            row(2, "a", 0, 1.0),
+            row(3, "b", 0, 1.0),
+            row(4, "a", 1, 0.0),
+            row(5, "b", 0, 3.0),
+            row(6, "c", 0, 0.5),
+        ];
+        let ids: Vec<i64> = claim_order(rows, &["b", "a"])
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        // Priority 0 in turns (b, a, then the kind not named), then priority 1.
+        assert_eq!(ids, vec![3, 2, 6, 5, 1, 4]);
+    }
 
     #[test]
     fn fair_shares_split_evenly_and_pass_on_what_a_kind_has_no_room_for() {
