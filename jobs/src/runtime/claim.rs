@@ -29,22 +29,78 @@ pub(super) struct ClaimRow {
     pub(super) held_back: Option<f64>,
 }
 
+/// Where a claim's columns are in its rows, found once per claim: looked up by name in
+/// every row, ten columns a row, they were most of the time the runtime spent reading
+/// a claim's answer.
+pub(super) struct Columns {
+    job: [usize; 9],
+    held_back: Option<usize>,
+}
+
+impl Columns {
+    /// The places of a claim's columns in `row` (every row of an answer has the same).
+    pub(super) fn of(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::{Column, Row};
+        let at = |name: &str| row.try_column(name).map(Column::ordinal);
+        let names = [
+            "id",
+            "kind",
+            "attempts",
+            "max_attempts",
+            "claimed_by",
+            "payload",
+            "waited",
+            "run_after",
+            "priority",
+        ];
+        let mut job = [0; 9];
+        for (place, name) in job.iter_mut().zip(names) {
+            *place = at(name)?;
+        }
+        Ok(Columns {
+            job,
+            held_back: at("held_back").ok(),
+        })
+    }
+}
+
 impl ClaimRow {
     /// The job's own columns of a claim's row (the CTE `claimed` of every claim), without
     /// the floors'.
     pub(super) fn job(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        Self::at(row, &Columns::of(row)?)
+    }
+
+    /// [`job`](Self::job), with the places of the columns known, and the row's
+    /// `held_back` if it has one.
+    fn at(row: &sqlx::postgres::PgRow, columns: &Columns) -> Result<Self, sqlx::Error> {
         use sqlx::Row;
+        let [
+            id,
+            kind,
+            attempts,
+            max_attempts,
+            claimed_by,
+            payload,
+            waited,
+            run_after,
+            priority,
+        ] = columns.job;
         Ok(ClaimRow {
-            id: row.try_get("id")?,
-            kind: row.try_get("kind")?,
-            attempts: row.try_get("attempts")?,
-            max_attempts: row.try_get("max_attempts")?,
-            claimed_by: row.try_get("claimed_by")?,
-            payload: row.try_get("payload")?,
-            waited: row.try_get("waited")?,
-            run_after: row.try_get("run_after")?,
-            priority: row.try_get("priority")?,
-            held_back: None,
+            id: row.try_get(id)?,
+            kind: row.try_get(kind)?,
+            attempts: row.try_get(attempts)?,
+            max_attempts: row.try_get(max_attempts)?,
+            claimed_by: row.try_get(claimed_by)?,
+            payload: row.try_get(payload)?,
+            waited: row.try_get(waited)?,
+            run_after: row.try_get(run_after)?,
+            priority: row.try_get(priority)?,
+            held_back: columns
+                .held_back
+                .map(|i| row.try_get(i))
+                .transpose()?
+                .flatten(),
         })
     }
 }
@@ -71,12 +127,15 @@ impl Taken {
             None => None,
         };
         let mut taken = Vec::with_capacity(rows.len());
+        let Some(columns) = rows.first().map(Columns::of).transpose()? else {
+            return Ok(Taken {
+                rows: taken,
+                snapshot,
+            });
+        };
         for row in rows {
-            if row.try_get::<Option<i64>, _>("id")?.is_some() {
-                taken.push(ClaimRow {
-                    held_back: row.try_get("held_back")?,
-                    ..ClaimRow::job(row)?
-                });
+            if row.try_get::<Option<i64>, _>(columns.job[0])?.is_some() {
+                taken.push(ClaimRow::at(row, &columns)?);
             }
         }
         Ok(Taken {
