@@ -50,6 +50,22 @@ async fn cut(_job: Cut, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "conn.shut", lease = "9s", retain = "1h")]
+struct Shut {
+    n: i32,
+}
+
+static SHUT_RUNS: AtomicU64 = AtomicU64::new(0);
+
+/// Outlives its lease by a third: only renewals keep its claim.
+#[jobs::handler]
+async fn shut(_job: Shut, _ctx: JobContext) -> Result<(), JobError> {
+    SHUT_RUNS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    Ok(())
+}
+
 /// A login role of this test's own (roles are cluster-wide) with the runtime's grants
 /// and at most `limit` connections, and a lazy pool of it: the application's pool
 /// holds no connection until a handler or the runtime asks for one.
@@ -145,5 +161,48 @@ async fn a_cut_under_a_connection_limit_runs_no_job_twice(
     .await;
     running.stop().await;
     assert_eq!(CUT_RUNS.load(Ordering::SeqCst), 30, "a job ran twice");
+    cut_sessions(&admin, &role).await;
+}
+
+/// The renewals' connection is cut just after a renewal and the server takes no
+/// connection for most of a lease (6.5 s of 9): the renewals get one back in time, and
+/// no running job is claimed again. (Before, a failed renewal was tried again a third
+/// of a lease later, then another third: both fell inside the outage, and the leases
+/// lapsed.)
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn renewals_resume_as_soon_as_the_server_takes_a_connection(
+    pool_opts: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let admin: PgPool = pool_opts.connect_with(opts.clone()).await.unwrap();
+    let (role, limited) = limited_role(&admin, &opts, 20).await;
+    for n in 0..10 {
+        Shut { n }.enqueue(&admin).await.unwrap();
+    }
+    let running = Running::start(runtime(&limited, &["conn.shut"]).concurrency(10));
+    wait_until("ten jobs running", || async {
+        count(&admin, "running").await == 10
+    })
+    .await;
+    let leases = || async {
+        sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+            "SELECT min(claimed_until) FROM jobs WHERE state = 'running'",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap()
+    };
+    let before = leases().await;
+    wait_until("a renewal", || async { leases().await > before }).await;
+    set_limit(&admin, &role, 0).await;
+    cut_sessions(&admin, &role).await;
+    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    set_limit(&admin, &role, 20).await;
+    wait_until("every job completed", || async {
+        count(&admin, "done").await == 10
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(SHUT_RUNS.load(Ordering::SeqCst), 10, "a job ran twice");
     cut_sessions(&admin, &role).await;
 }

@@ -79,24 +79,27 @@ pub(super) fn spawn(beat: Beat) -> std::io::Result<std::thread::JoinHandle<()>> 
 }
 
 /// A connection for the renewals: one of their own, or, when the server refuses it
-/// (its connection limit), an idle one taken out of the runtime's pool. The renewals
-/// never lose a connection to the runtime's other statements: a producer that cannot
-/// renew claims nothing and lets go of its connection. (A taken connection's I/O is
-/// driven by the application's runtime, like the pool's: until it breaks, renewals
-/// then share the application's threads.)
-async fn connect(beat: &Beat) -> Result<PgConnection, sqlx::Error> {
-    match connect_own(beat).await {
-        Ok(conn) => Ok(conn),
-        Err(e) => match beat.fallback.try_acquire() {
-            Some(conn) => {
-                tracing::warn!(
-                    error = %crate::error::server_message(&e),
-                    "the renewals take a connection of the runtime's pool: the server refused them one of their own"
-                );
-                Ok(conn.detach())
-            }
-            None => Err(e),
-        },
+/// (its connection limit), one of the runtime's pool: an idle one, or the next one
+/// given back within `wait` (the pool queues its waiters fairly, and pings the
+/// connection before handing it over). The renewals never lose a connection to the
+/// runtime's other statements: a producer that cannot renew claims nothing and lets
+/// go of its connection. (A taken connection's I/O is driven by the application's
+/// runtime, like the pool's: until it breaks, renewals then share the application's
+/// threads.)
+async fn connect(beat: &Beat, wait: Duration) -> Result<PgConnection, sqlx::Error> {
+    let e = match connect_own(beat).await {
+        Ok(conn) => return Ok(conn),
+        Err(e) => e,
+    };
+    match tokio::time::timeout(wait, beat.fallback.acquire()).await {
+        Ok(Ok(conn)) => {
+            tracing::warn!(
+                error = %crate::error::server_message(&e),
+                "the renewals take a connection of the runtime's pool: the server refused them one of their own"
+            );
+            Ok(conn.detach())
+        }
+        Ok(Err(_)) | Err(_) => Err(e),
     }
 }
 
@@ -113,28 +116,26 @@ async fn connect_own(beat: &Beat) -> Result<PgConnection, sqlx::Error> {
 }
 
 /// Renews every held claim in one statement, three times per (shortest) lease: from the
-/// claim until its outcome is written, in every lease mode.
+/// claim until its outcome is written, in every lease mode. A renewal that fails is
+/// tried again on a fresh connection within [`Link::retry_cap`], not a third of a lease
+/// later: a lease outlives only two missed renewals.
 async fn run(beat: &Beat) {
     let tick = (beat.shortest / 3).max(Duration::from_millis(20));
     let mut link = Link::new(tick);
-    let mut first = true;
     loop {
-        if !std::mem::take(&mut first) {
-            tokio::time::sleep(tick).await;
-        }
         link.keep(beat).await;
         let batch = Batch::of(&beat.flights);
-        if batch.ids.is_empty() {
-            continue;
+        if link.conn.is_some() && !batch.ids.is_empty() {
+            let sent_at = Instant::now();
+            let result = link.renew(&batch, beat.shortest / 2).await;
+            beat.renewals(result.as_ref().map(drop));
+            let flights = &mut *beat.flights.lock().expect("lock poisoned");
+            match result {
+                Ok(rows) => renewed(flights, rows, sent_at),
+                Err(e) => not_renewed(flights, &e),
+            }
         }
-        let sent_at = Instant::now();
-        let result = link.renew(&batch, beat.shortest / 2).await;
-        beat.renewals(result.as_ref().map(drop));
-        let flights = &mut *beat.flights.lock().expect("lock poisoned");
-        match result {
-            Ok(rows) => renewed(flights, rows, sent_at),
-            Err(e) => not_renewed(flights, &e),
-        }
+        tokio::time::sleep(link.next_in()).await;
     }
 }
 
@@ -142,6 +143,8 @@ async fn run(beat: &Beat) {
 struct Link {
     conn: Option<PgConnection>,
     tick: Duration,
+    /// Since the last renewal that answered (or the start): how long to wait before
+    /// the next attempt to connect.
     reconnect: Backoff,
     reconnect_at: Instant,
 }
@@ -151,8 +154,28 @@ impl Link {
         Link {
             conn: None,
             tick,
-            reconnect: Backoff::new(Duration::from_millis(50), tick),
+            reconnect: Self::backoff(tick),
             reconnect_at: Instant::now(),
+        }
+    }
+
+    /// From 50 ms up to [`Link::retry_cap`].
+    fn backoff(tick: Duration) -> Backoff {
+        Backoff::new(Duration::from_millis(50), Self::retry_cap(tick))
+    }
+
+    /// The longest wait between two attempts to connect: a quarter of a tick, so that
+    /// a connection freed a moment before a lease would lapse is still taken in time.
+    fn retry_cap(tick: Duration) -> Duration {
+        (tick / 4).max(Duration::from_millis(50))
+    }
+
+    /// How long to sleep: a tick while connected, else until the next attempt.
+    fn next_in(&self) -> Duration {
+        if self.conn.is_some() {
+            self.tick
+        } else {
+            self.reconnect_at.saturating_duration_since(Instant::now())
         }
     }
 
@@ -162,10 +185,9 @@ impl Link {
         if self.conn.is_some() || Instant::now() < self.reconnect_at {
             return;
         }
-        match connect(beat).await {
+        match connect(beat, Self::retry_cap(self.tick)).await {
             Ok(c) => {
                 self.conn = Some(c);
-                self.reconnect = Backoff::new(Duration::from_millis(50), self.tick);
                 beat.renewals(Ok(()));
             }
             Err(e) => {
@@ -177,7 +199,8 @@ impl Link {
 
     /// One renewal of `batch`. One that hangs (a silently dead connection, a table
     /// lock) past `limit` counts as failed, so that handlers hear of a lease that may be
-    /// gone; after a failure the connection is closed and opened afresh.
+    /// gone; after a failure the connection is closed and opened afresh after the
+    /// backoff (which a renewal that answers resets).
     async fn renew(&mut self, batch: &Batch, limit: Duration) -> Result<Vec<Renewal>, sqlx::Error> {
         let renewal = async {
             let Some(c) = self.conn.as_mut() else {
@@ -202,11 +225,14 @@ impl Link {
                 "the renewal did not answer within {limit:?}"
             ))),
         };
-        if result.is_err() {
+        if result.is_ok() {
+            self.reconnect = Self::backoff(self.tick);
+        } else {
             // It may be broken, or mid-statement after a timeout: start afresh.
             if let Some(c) = self.conn.take() {
                 let _ = tokio::time::timeout(Duration::from_millis(100), c.close()).await;
             }
+            self.reconnect_at = Instant::now() + self.reconnect.next();
         }
         result
     }
