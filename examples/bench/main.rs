@@ -1,7 +1,7 @@
 //! The project's benchmark: enqueue, drain, pickup latency, backlog and scale-out.
 //!
 //! ```sh
-//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w1m w2 w2k w2s w3 w4 w5 w6 w7 w8 w8r w8p]
+//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w1m w2 w2k w2s w3 w4 w5 w6 w7 w8 w8r w8p w9]
 //! cargo run --release --example bench -- horizon [--held 600] [--holder xid|readers]
 //! cargo run --release --example bench -- web [--rows 2000000] [--runs 9]
 //! cargo run --release --example bench -- failover [--rate 500] [--before 20] [--down 2] [--after 30]
@@ -24,6 +24,7 @@ use sqlx::migrate::MigrateDatabase;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres};
 
+mod claim_cost;
 mod failover;
 mod horizon;
 mod late;
@@ -919,8 +920,9 @@ async fn main() {
             "w5" => w5(n, runs).await,
             "w6" => w6(runs).await,
             "w1m" => w1m(runs).await,
+            "w9" => claim_cost::run(runs).await,
             other => {
-                panic!("unknown workload {other}: expected w1, w1m, w2, w2k, w2s, w3..w8, w8r, w8p")
+                panic!("unknown workload {other}: expected w1, w1m, w2, w2k, w2s, w3..w9, w8r, w8p")
             }
         }
     }

@@ -1,0 +1,124 @@
+//! W9: the claim statement alone, beside the minimal claim that the ceiling measures
+//! (`bench/pgbench/claim_complete.sql`'s first statement, with the `priority = 0` the
+//! claim index needs), on one connection of a fresh database. The two take turns,
+//! each from a kind of its own, so both read the same table as it changes.
+//! Microseconds per claim from send to the last row received, medians; the first
+//! claims of each (while the statements are new, and as the runtime's first runs on a
+//! connection) are not counted.
+
+use std::time::Instant;
+
+use sqlx::{PgConnection, Row};
+
+/// How many jobs each claim asks for.
+const SIZES: &[i32] = &[1, 10, 100, 500, 1_000];
+
+/// Claims of each statement per run, and how many of them are not counted.
+const CLAIMS: usize = 60;
+const WARM_UP: usize = 6;
+
+/// The ceiling's claim, for the claim index of today's table (`priority = 0`).
+const MINIMAL: &str = "WITH picked AS MATERIALIZED (
+    SELECT id FROM jobs
+    WHERE state = 'pending' AND kind = 'bench.minimal' AND priority = 0
+      AND run_after <= now()
+    ORDER BY run_after, id
+    LIMIT $1
+    FOR NO KEY UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE jobs j SET state = 'running', attempts = j.attempts + 1,
+        claimed_by = $2, claimed_until = now() + interval '30 seconds'
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.id
+)
+SELECT coalesce(array_agg(id), '{}') AS ids FROM claimed";
+
+pub async fn run(runs: usize) {
+    let claim = jobs::__private::statements()
+        .into_iter()
+        .find(|(name, _)| *name == "CLAIM")
+        .expect("the claim statement")
+        .1;
+    for &n in SIZES {
+        let (mut ours, mut minimal) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            let pool = super::fresh_database(2).await;
+            let rows = i64::from(n) * CLAIMS as i64;
+            sqlx::query(
+                "INSERT INTO jobs (kind, payload, max_attempts)
+                 SELECT k, jsonb_build_object('seq', g), 20
+                 FROM generate_series(1, $1) g, unnest('{bench.noop,bench.minimal}'::text[]) k",
+            )
+            .bind(rows)
+            .execute(&pool)
+            .await
+            .unwrap();
+            sqlx::query("VACUUM ANALYZE jobs")
+                .execute(&pool)
+                .await
+                .unwrap();
+            let mut conn = pool.acquire().await.unwrap();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for i in 0..CLAIMS {
+                let t = timed(&mut conn, claim, n).await;
+                let u = timed(&mut conn, MINIMAL, n).await;
+                if i >= WARM_UP {
+                    a.push(t);
+                    b.push(u);
+                }
+            }
+            ours.push(super::median(a));
+            minimal.push(super::median(b));
+            drop(conn);
+            pool.close().await;
+        }
+        let per_row = |v: &[f64]| super::median(v.to_vec()) / f64::from(n);
+        super::report(
+            &format!("W9 claim of {n}, the runtime's"),
+            "us",
+            ours.clone(),
+            &[("us_per_row", per_row(&ours))],
+        );
+        super::report(
+            &format!("W9 claim of {n}, minimal"),
+            "us",
+            minimal.clone(),
+            &[("us_per_row", per_row(&minimal))],
+        );
+    }
+}
+
+/// One claim of `n` jobs by `statement` (the runtime's claim, or [`MINIMAL`]):
+/// microseconds from send to its last row. Panics if it took fewer than `n`.
+async fn timed(conn: &mut PgConnection, statement: &'static str, n: i32) -> f64 {
+    let started = Instant::now();
+    let taken = if statement == MINIMAL {
+        let row = sqlx::query(MINIMAL)
+            .bind(n)
+            .bind(uuid::Uuid::new_v4())
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        row.get::<Vec<i64>, _>("ids").len()
+    } else {
+        sqlx::query(statement)
+            .bind(vec!["bench.noop"])
+            .bind(vec![n])
+            .bind(vec![30_000_i64])
+            .bind(n)
+            .bind(Vec::<f64>::new())
+            .bind(uuid::Uuid::new_v4())
+            .bind(Vec::<i64>::new())
+            .bind(Vec::<f64>::new())
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap()
+            .len()
+    };
+    let took = started.elapsed().as_secs_f64() * 1e6;
+    assert_eq!(
+        taken, n as usize,
+        "a claim took fewer jobs than it asked for"
+    );
+    took
+}
