@@ -1741,3 +1741,58 @@ async fn the_keeping_completion_leaves_a_claim_of_a_kind_without_history_to_the_
     let (_, done, _) = keep(true).fetch_one(&pool).await.unwrap();
     assert!(done);
 }
+
+/// Runs the runtime's claim of up to `n` jobs of `kind` (no floors, no writers):
+/// each job's id and token.
+async fn claim_tokens(pool: &PgPool, kind: &str, n: i32) -> Vec<(i64, uuid::Uuid)> {
+    let sql = jobs::__private::statements()
+        .into_iter()
+        .find(|(name, _)| *name == "CLAIM")
+        .expect("CLAIM")
+        .1;
+    let rows = sqlx::query(sql)
+        .bind(vec![kind])
+        .bind(vec![n])
+        .bind(vec![60_000_i64])
+        .bind(n)
+        .bind(Vec::<f64>::new())
+        .bind(uuid::Uuid::new_v4())
+        .bind(Vec::<i64>::new())
+        .bind(Vec::<f64>::new())
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    use sqlx::Row;
+    rows.iter()
+        .map(|r| (r.get::<i64, _>("id"), r.get::<uuid::Uuid, _>("claimed_by")))
+        .collect()
+}
+
+/// A claim's tokens are 8 random bytes drawn once per claim, then the job's id: each
+/// job of a claim has a token of its own, and a job claimed again gets another.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn each_claim_of_a_job_has_a_token_of_its_own(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts) \
+         SELECT 'rt.tokens', '{}', 3 FROM generate_series(1, 3)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let first = claim_tokens(&pool, "rt.tokens", 3).await;
+    assert_eq!(first.len(), 3);
+    for (id, token) in &first {
+        assert_eq!(token.as_bytes()[8..], id.to_be_bytes(), "ends in its id");
+        assert_eq!(token.as_bytes()[..8], first[0].1.as_bytes()[..8]);
+    }
+    sqlx::query("UPDATE jobs SET state = 'pending', claimed_by = NULL, claimed_until = NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let again = claim_tokens(&pool, "rt.tokens", 3).await;
+    assert_eq!(again.len(), 3);
+    for (id, token) in &again {
+        let before = first.iter().find(|(i, _)| i == id).expect("the same job").1;
+        assert_ne!(*token, before, "a job claimed again has a new token");
+    }
+}

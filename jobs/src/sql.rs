@@ -347,6 +347,11 @@ macro_rules! locking_scan {
 /// kind, `$1` and `$3` scalars), `$3`, and the claim also stamps each row's partition
 /// (`part`, [`partition_of!`]), which its run counts in from then on, whatever a
 /// coalescing enqueue does to its payload meanwhile.
+///
+/// Each row's token (`claimed_by`) is 8 random bytes drawn once per statement, then the
+/// job's id: unique within the claim (the ids are), and between two claims of a row
+/// unless their 64 random bits match. A `gen_random_uuid()` per row cost a claim of 500
+/// a tenth of its time (bench W9: 1.63 against 1.47 times the minimal claim).
 macro_rules! claimed {
     ($runtime:literal, $from:literal) => {
         claimed!(
@@ -372,7 +377,8 @@ macro_rules! claimed {
             $set,
             r#"
         attempts = j.attempts + 1,
-        claimed_by = gen_random_uuid(),
+        claimed_by = encode((SELECT substr(uuid_send(gen_random_uuid()), 1, 8))
+                            || int8send(j.id), 'hex')::uuid,
         runtime_id = "#,
             $runtime,
             r#",
