@@ -888,10 +888,12 @@ async fn killed_worker_job_is_taken_over_after_its_lease(
 // Database faults: a proxy between the runtime and PostgreSQL is cut and restored.
 
 /// A TCP proxy to PostgreSQL that the test can cut (dropping every connection and
-/// refusing new ones) and restore.
+/// refusing new ones), silence (dropping every connection, and holding each new one
+/// open without a word, for good) and restore.
 struct Proxy {
     port: u16,
     up: Arc<tokio::sync::watch::Sender<bool>>,
+    silent: Arc<AtomicBool>,
 }
 
 impl Proxy {
@@ -901,11 +903,18 @@ impl Proxy {
         let (up, _) = tokio::sync::watch::channel(true);
         let up = Arc::new(up);
         let state = up.clone();
+        let silent = Arc::new(AtomicBool::new(false));
+        let hush = silent.clone();
         tokio::spawn(async move {
+            let mut held = Vec::new();
             loop {
                 let Ok((mut inbound, _)) = listener.accept().await else {
                     continue;
                 };
+                if hush.load(Ordering::SeqCst) {
+                    held.push(inbound);
+                    continue;
+                }
                 if !*state.borrow() {
                     let _ = inbound.shutdown().await;
                     continue;
@@ -923,14 +932,20 @@ impl Proxy {
                 });
             }
         });
-        Proxy { port, up }
+        Proxy { port, up, silent }
     }
 
     fn cut(&self) {
         self.up.send_replace(false);
     }
 
+    fn silence(&self) {
+        self.silent.store(true, Ordering::SeqCst);
+        self.up.send_replace(false);
+    }
+
     fn restore(&self) {
+        self.silent.store(false, Ordering::SeqCst);
         self.up.send_replace(true);
     }
 }
@@ -979,6 +994,64 @@ async fn database_outage_is_waited_out(
         .unwrap();
     assert_eq!(results, 300, "every job's result recorded exactly once");
     assert_eq!(count(&pool, "failed").await, 0);
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.quick", lease = "2s")]
+struct Quick {
+    n: u32,
+}
+
+/// The first four run for two leases (their claims need renewals); the others end at
+/// once.
+#[jobs::handler]
+async fn quick(job: Quick, _ctx: JobContext) -> Result<(), JobError> {
+    if job.n < 4 {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+    }
+    Ok(())
+}
+
+/// The database goes silent: connections dropped, new ones taken and never answered
+/// (a frozen server, a balancer in front of a dead one). The renewals' connection,
+/// opened while it is silent, gives up within a lease at most and opens again: once the
+/// database answers, the runtime claims again. (Before, the renewals waited on that
+/// connection for good, and the runtime claimed nothing more.)
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_database_that_takes_connections_and_never_answers_is_waited_out(
+    pool_opts: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    let pool = pool_opts.connect_with(opts.clone()).await.unwrap();
+    setup(&pool).await;
+    let proxy = Proxy::start((opts.get_host().to_owned(), opts.get_port())).await;
+    let proxied = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(5)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_with(opts.clone().host("127.0.0.1").port(proxy.port))
+        .await
+        .unwrap();
+    for n in 0..4 {
+        Quick { n }.enqueue(&pool).await.unwrap();
+    }
+    let rt = Running::start(runtime(&proxied, &["rt.quick"]).concurrency(4));
+    wait_until("four jobs running", || async {
+        count(&pool, "running").await == 4
+    })
+    .await;
+    proxy.silence();
+    // The renewals find their connection gone within a third of the 2 s lease, and
+    // open another while the database is silent.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.restore();
+    for n in 4..24 {
+        Quick { n }.enqueue(&pool).await.unwrap();
+    }
+    wait_until("every job done after the silence", || async {
+        common::count_kind(&pool, "rt.quick").await == 0
+    })
+    .await;
+    rt.stop().await;
 }
 
 // ---------------------------------------------------------------------------------

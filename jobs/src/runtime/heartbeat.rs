@@ -87,9 +87,15 @@ pub(super) fn spawn(beat: Beat) -> std::io::Result<std::thread::JoinHandle<()>> 
 /// runtime, like the pool's: until it breaks, renewals then share the application's
 /// threads.)
 async fn connect(beat: &Beat, wait: Duration) -> Result<PgConnection, sqlx::Error> {
-    let e = match connect_own(beat).await {
-        Ok(conn) => return Ok(conn),
-        Err(e) => e,
+    // A peer that takes the connection and never answers (a frozen server, a balancer
+    // in front of a dead one) would otherwise hold the renewals here for good.
+    let within = beat.shortest.max(Duration::from_secs(2));
+    let e = match tokio::time::timeout(within, connect_own(beat)).await {
+        Ok(Ok(conn)) => return Ok(conn),
+        Ok(Err(e)) => e,
+        Err(_) => sqlx::Error::Protocol(format!(
+            "the renewals' connection did not open within {within:?}"
+        )),
     };
     match tokio::time::timeout(wait, beat.fallback.acquire()).await {
         Ok(Ok(conn)) => {
