@@ -935,6 +935,19 @@ impl Proxy {
         Proxy { port, up, silent }
     }
 
+    /// A proxy to the database of `opts`, and a pool of five connections through it
+    /// that waits a second at most for one.
+    async fn pool(opts: &sqlx::postgres::PgConnectOptions) -> (Proxy, PgPool) {
+        let proxy = Proxy::start((opts.get_host().to_owned(), opts.get_port())).await;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(5)
+            .acquire_timeout(Duration::from_secs(1))
+            .connect_with(opts.clone().host("127.0.0.1").port(proxy.port))
+            .await
+            .unwrap();
+        (proxy, pool)
+    }
+
     fn cut(&self) {
         self.up.send_replace(false);
     }
@@ -957,13 +970,7 @@ async fn database_outage_is_waited_out(
 ) {
     let pool = pool_opts.connect_with(opts.clone()).await.unwrap();
     setup(&pool).await;
-    let proxy = Proxy::start((opts.get_host().to_owned(), opts.get_port())).await;
-    let proxied = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(5)
-        .acquire_timeout(Duration::from_secs(1))
-        .connect_with(opts.clone().host("127.0.0.1").port(proxy.port))
-        .await
-        .unwrap();
+    let (proxy, proxied) = Proxy::pool(&opts).await;
     for n in 0..200 {
         Count { n }.enqueue(&pool).await.unwrap();
     }
@@ -1024,13 +1031,7 @@ async fn a_database_that_takes_connections_and_never_answers_is_waited_out(
 ) {
     let pool = pool_opts.connect_with(opts.clone()).await.unwrap();
     setup(&pool).await;
-    let proxy = Proxy::start((opts.get_host().to_owned(), opts.get_port())).await;
-    let proxied = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(5)
-        .acquire_timeout(Duration::from_secs(1))
-        .connect_with(opts.clone().host("127.0.0.1").port(proxy.port))
-        .await
-        .unwrap();
+    let (proxy, proxied) = Proxy::pool(&opts).await;
     for n in 0..4 {
         Quick { n }.enqueue(&pool).await.unwrap();
     }
