@@ -169,6 +169,82 @@ async fn a_job_locked_while_claims_passed_it_starts_when_released(pool: PgPool) 
     rt.stop().await;
 }
 
+/// As above, with claims large enough to be taken in two halves at once (each half
+/// takes the rows of its own half of the ids): four early jobs, of either half, are
+/// held while the halves pass them, and each starts when released.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn jobs_locked_while_the_halves_of_large_claims_passed_them_start_when_released(
+    pool: PgPool,
+) {
+    setup(&pool).await;
+    let rt = Running::start(
+        runtime(&pool, &["pk.job", "pk.other"])
+            .poll_interval(Duration::from_secs(3600))
+            .concurrency(400),
+    );
+    jobs::admin::pause_forced(&pool, "pk.job").await.unwrap();
+    // In five statements, further apart than the floors' lag: the later rows' run-afters
+    // lie past the held ones', so a floor moved to them would pass the held rows.
+    let mut ids = Vec::new();
+    for first in (1..1_000).step_by(200) {
+        let mut batch = EnqueueBatch::new();
+        for n in first..(first + 200).min(1_000) {
+            batch.push(&Work { n, key: None }).unwrap();
+        }
+        ids.extend(batch.enqueue(&pool).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    for _ in 0..20 {
+        Other {}.enqueue(&pool).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Four early jobs of one half: the other half's claim reads on past them.
+    let in_first_half: Vec<bool> = sqlx::query_scalar(
+        "SELECT (hashint8(id) & 2147483647) % 2 = 0 FROM unnest($1::bigint[]) id",
+    )
+    .bind(ids.iter().map(|j| j.id).collect::<Vec<_>>())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    // Job n is `ids[n - 1]`.
+    let held_n: Vec<i64> = (3..200)
+        .filter(|&i| in_first_half[i])
+        .take(4)
+        .map(|i| i as i64 + 1)
+        .collect();
+    let held: Vec<i64> = held_n.iter().map(|n| ids[*n as usize - 1].id).collect();
+    let mut locker = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM jobs WHERE id = ANY($1) FOR UPDATE")
+        .bind(&held)
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    jobs::admin::resume(&pool, "pk.job").await.unwrap();
+    let stream = Stream::start(&pool);
+    // The stream's jobs are numbered from 1,000 on.
+    wait_until("the backlog but the held jobs runs", || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM started WHERE n < 1000")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            == 995
+    })
+    .await;
+    let_claims_pass().await;
+    locker.rollback().await.unwrap();
+    wait_until("the released jobs start", || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM started WHERE n = ANY($1)")
+            .bind(&held_n)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            == 4
+    })
+    .await;
+    drop(stream);
+    rt.stop().await;
+}
+
 /// A keyed job scheduled an hour ahead at priority `from`; a transaction coalesces a
 /// trigger into it and holds its row; an enqueue of the same key at priority 0 (the
 /// stream's) waits for that lock while claims pass, then coalesces too when the
