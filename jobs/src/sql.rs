@@ -346,13 +346,14 @@ macro_rules! locking_scan {
 /// The condition, added to a claim's scans and to `passed`, that the row (`$id`, a job
 /// id) lies in the half `$10` of `$9` halves ([`CLAIM`]): a hash of its id, so that
 /// each half gets rows of every kind whatever order they were enqueued in. With one
-/// half (`$9 = 1`) every row does.
+/// half (`$9 = 1`) every row does, and the plan made for those values (the claims are
+/// planned at each run) has no such filter.
 macro_rules! in_half {
     ($id:literal) => {
         concat!(
-            "\n                  AND (hashint8(",
+            "\n                  AND ($9 = 1 OR (hashint8(",
             $id,
-            ") & 2147483647) % $9 = $10"
+            ") & 2147483647) % $9 = $10)"
         )
     };
 }
