@@ -70,8 +70,6 @@ async fn claim(pool: &PgPool, kind: &str, n: i32) -> Vec<i64> {
         .bind(uuid::Uuid::nil())
         .bind(Vec::<i64>::new())
         .bind(Vec::<f64>::new())
-        .bind(1_i32)
-        .bind(0_i32)
         .fetch_all(pool)
         .await
         .expect("claim");
@@ -367,8 +365,6 @@ async fn cancel_racing_a_claim_waits_and_cancels_the_claimed_job(pool: PgPool) {
             .bind(uuid::Uuid::nil())
             .bind(Vec::<i64>::new())
             .bind(Vec::<f64>::new())
-            .bind(1_i32)
-            .bind(0_i32)
             .fetch_all(&mut *tx)
             .await
             .unwrap();

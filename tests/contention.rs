@@ -763,8 +763,6 @@ async fn claim_locks_only_what_it_takes(pool: PgPool) {
         .bind(uuid::Uuid::nil())
         .bind(Vec::<i64>::new())
         .bind(Vec::<f64>::new())
-        .bind(1_i32)
-        .bind(0_i32)
         .fetch_all(&mut *claimer)
         .await
         .unwrap();
@@ -810,8 +808,6 @@ async fn each_claimed_row_gets_its_kinds_lease(pool: PgPool) {
             .bind(uuid::Uuid::nil())
             .bind(Vec::<i64>::new())
             .bind(Vec::<f64>::new())
-            .bind(1_i32)
-            .bind(0_i32)
             .fetch_all(&mut *tx)
             .await
             .unwrap();

@@ -151,8 +151,6 @@ async fn a_rescued_attempt_names_the_runtime_that_held_it(pool: PgPool) {
         .bind(dead)
         .bind(Vec::<i64>::new())
         .bind(Vec::<f64>::new())
-        .bind(1_i32)
-        .bind(0_i32)
         .fetch_all(&pool)
         .await
         .unwrap();

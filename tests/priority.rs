@@ -97,8 +97,6 @@ async fn claim(
         .bind(uuid::Uuid::nil())
         .bind(Vec::<i64>::new())
         .bind(Vec::<f64>::new())
-        .bind(1_i32)
-        .bind(0_i32)
         .fetch_all(pool)
         .await
         .unwrap();

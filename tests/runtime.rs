@@ -1326,8 +1326,6 @@ async fn claim_plan(pool: &PgPool, statement: &str, floor: f64, mode: &str) -> s
     .bind(uuid::Uuid::nil())
     .bind(Vec::<i64>::new())
     .bind(Vec::<f64>::new())
-    .bind(1_i32)
-    .bind(0_i32)
     .fetch_one(&mut *tx)
     .await
     .unwrap();
@@ -1821,24 +1819,6 @@ async fn the_keeping_completion_leaves_a_claim_of_a_kind_without_history_to_the_
 /// Runs the runtime's claim of up to `n` jobs of `kind` (no floors, no writers):
 /// each job's id and token.
 async fn claim_tokens(pool: &PgPool, kind: &str, n: i32) -> Vec<(i64, uuid::Uuid)> {
-    use sqlx::Row;
-    claim_half(pool, kind, n, (0, 1))
-        .await
-        .iter()
-        .map(|r| (r.get::<i64, _>("id"), r.get::<uuid::Uuid, _>("claimed_by")))
-        .collect()
-}
-
-/// The runtime's claim of up to `n` jobs of `kind` (no floors, no writers), of the rows
-/// of half `half.0` of `half.1` only: its rows, with the NULL-id row of a claim that
-/// took nothing left out.
-async fn claim_half(
-    db: impl sqlx::PgExecutor<'_>,
-    kind: &str,
-    n: i32,
-    half: (i32, i32),
-) -> Vec<sqlx::postgres::PgRow> {
-    use sqlx::Row;
     let sql = jobs::__private::statements()
         .into_iter()
         .find(|(name, _)| *name == "CLAIM")
@@ -1853,79 +1833,13 @@ async fn claim_half(
         .bind(uuid::Uuid::new_v4())
         .bind(Vec::<i64>::new())
         .bind(Vec::<f64>::new())
-        .bind(half.1)
-        .bind(half.0)
-        .fetch_all(db)
+        .fetch_all(pool)
         .await
         .unwrap();
-    rows.into_iter()
-        .filter(|r| r.get::<Option<i64>, _>("id").is_some())
-        .collect()
-}
-
-/// The two halves of a large claim run at once on two connections. Each takes only
-/// its own half of the rows, so the rows the other half holds locked are not rows it
-/// passed (its floors are not held back by its sibling), while a row of its own half
-/// that another transaction holds is.
-#[sqlx::test(migrator = "jobs::MIGRATOR")]
-async fn the_halves_of_a_claim_take_disjoint_rows_and_hold_back_only_their_own(pool: PgPool) {
     use sqlx::Row;
-    sqlx::query(
-        "INSERT INTO jobs (kind, payload, max_attempts) \
-         SELECT 'rt.halves', '{}', 3 FROM generate_series(1, 40)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    let ids = |rows: &[sqlx::postgres::PgRow]| -> Vec<i64> {
-        rows.iter().map(|r| r.get::<i64, _>("id")).collect()
-    };
-    let held_back = |rows: &[sqlx::postgres::PgRow]| -> Vec<Option<f64>> {
-        rows.iter()
-            .map(|r| r.get::<Option<f64>, _>("held_back"))
-            .collect()
-    };
-    // The first half claims in a transaction that stays open: its rows stay locked
-    // while the second half runs.
-    let mut first = pool.begin().await.unwrap();
-    let a = claim_half(&mut *first, "rt.halves", 100, (0, 2)).await;
-    let b = claim_half(&pool, "rt.halves", 100, (1, 2)).await;
-    let (a_ids, b_ids) = (ids(&a), ids(&b));
-    assert!(
-        !a_ids.is_empty() && !b_ids.is_empty(),
-        "both halves have rows"
-    );
-    assert!(
-        a_ids.iter().all(|id| !b_ids.contains(id)),
-        "disjoint halves"
-    );
-    assert_eq!(a_ids.len() + b_ids.len(), 40, "together, every row");
-    assert!(
-        held_back(&b).iter().all(Option::is_none),
-        "{:?}",
-        held_back(&b)
-    );
-    first.rollback().await.unwrap();
-    // A row of the first half held by another transaction holds that half back.
-    let mut sorted = a_ids.clone();
-    sorted.sort_unstable();
-    let mut locker = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE")
-        .bind(sorted[0])
-        .execute(&mut *locker)
-        .await
-        .unwrap();
-    let again = claim_half(&pool, "rt.halves", 100, (0, 2)).await;
-    assert_eq!(
-        again.len(),
-        a_ids.len() - 1,
-        "all of its half but the held row"
-    );
-    assert!(
-        held_back(&again).iter().all(Option::is_some),
-        "held back by the held row"
-    );
-    locker.rollback().await.unwrap();
+    rows.iter()
+        .map(|r| (r.get::<i64, _>("id"), r.get::<uuid::Uuid, _>("claimed_by")))
+        .collect()
 }
 
 /// A claim's tokens are 8 random bytes drawn once per claim, then the job's id: each

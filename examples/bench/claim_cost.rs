@@ -110,8 +110,6 @@ async fn timed(conn: &mut PgConnection, statement: &'static str, n: i32) -> f64 
             .bind(uuid::Uuid::new_v4())
             .bind(Vec::<i64>::new())
             .bind(Vec::<f64>::new())
-            .bind(1_i32)
-            .bind(0_i32)
             .fetch_all(&mut *conn)
             .await
             .unwrap()

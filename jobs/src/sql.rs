@@ -310,9 +310,6 @@ wanted AS (
 /// another transaction holds skipped (`c`: `id, run_after, priority, ord`).
 macro_rules! locking_scan {
     ($limit:literal) => {
-        locking_scan!($limit, "")
-    };
-    ($limit:literal, $also:expr) => {
         concat!(
             r#"CROSS JOIN LATERAL (
         SELECT * FROM (
@@ -325,7 +322,6 @@ macro_rules! locking_scan {
                   AND run_after <= now()
                   AND run_after >= "#,
             floor_of!("w", "p.priority"),
-            $also,
             r#"
                 ORDER BY run_after, id
                 LIMIT "#,
@@ -339,21 +335,6 @@ macro_rules! locking_scan {
         ) one_kind
         LIMIT 1000
     ) c"#
-        )
-    };
-}
-
-/// The condition, added to a claim's scans and to `passed`, that the row (`$id`, a job
-/// id) lies in the half `$10` of `$9` halves ([`CLAIM`]): a hash of its id, so that
-/// each half gets rows of every kind whatever order they were enqueued in. With one
-/// half (`$9 = 1`) every row does, and the plan made for those values (the claims are
-/// planned at each run) has no such filter.
-macro_rules! in_half {
-    ($id:literal) => {
-        concat!(
-            "\n                  AND ($9 = 1 OR (hashint8(",
-            $id,
-            ") & 2147483647) % $9 = $10)"
         )
     };
 }
@@ -469,7 +450,6 @@ passed AS MATERIALIZED (
             WHERE j.state = 'pending' AND j.kind = w.kind AND j.priority = e.priority::smallint
               AND j.run_after >= "#,
             floor_of!("w", "e.priority"),
-            in_half!("j.id"),
             r#"
             ORDER BY j.run_after, j.id
             LIMIT 1) AS first
@@ -482,7 +462,6 @@ passed AS MATERIALIZED (
                    AND j.priority = e.priority::smallint
                    AND j.run_after >= "#,
             floor_of!("w", "e.priority"),
-            in_half!("j.id"),
             r#"
                    AND (j.run_after, j.id) <= (e.run_after, e.id)
                  ORDER BY j.run_after DESC, j.id DESC
@@ -543,9 +522,7 @@ pub(crate) const CLAIM_MAX_PER_KIND: usize = 1_000;
 /// of `$1` (seconds since the epoch; a missing or NULL one is the start of the range):
 /// each (kind, priority) scan starts there ([`CLAIM_FLOOR_LAG`]). `$6` is the claiming
 /// runtime's id (`runtime_id`); `$7` and `$8` the writers earlier claims reported, with
-/// their times ([`claim_head!`]); `$9` and `$10`: only the rows of half `$10` of `$9`
-/// ([`in_half!`]: `1, 0` for all rows), so that two halves of a large claim run at once
-/// on two connections without taking, or counting as passed, each other's rows.
+/// their times ([`claim_head!`]).
 ///
 /// Each kind's jobs are taken by priority (0 first, to 9), then `run_after, id`: for
 /// each kind, one range scan per priority, in priority order, until the kind's limit is
@@ -584,7 +561,7 @@ picked AS MATERIALIZED (
     SELECT c.id, c.run_after, c.priority, c.ord
     FROM wanted w
     "#,
-    locking_scan!("w.n", in_half!("jobs.id")),
+    locking_scan!("w.n"),
     r#"
     LIMIT $4
 ),"#,
@@ -1103,7 +1080,7 @@ locked AS MATERIALIZED (
     FROM share s
     JOIN wanted w ON w.ord = s.ord
     "#,
-    locking_scan!("s.n", in_half!("jobs.id")),
+    locking_scan!("s.n"),
     r#"
 ),
 at_limit AS (

@@ -155,9 +155,6 @@ pub(super) struct Ask {
     pub(super) writers: (Vec<i64>, Vec<f64>),
     pub(super) want: usize,
     pub(super) statement: &'static str,
-    /// Which half of the rows this claim may take (`sql::CLAIM`'s `$10` of `$9`):
-    /// `(0, 1)` for all of them.
-    pub(super) half: (i32, i32),
 }
 
 impl Ask {
@@ -179,7 +176,6 @@ impl Ask {
             writers: floors.writers(),
             want: 0,
             statement: "",
-            half: (0, 1),
         };
         let skip = first % per_kind.len().max(1);
         let rotated = per_kind[skip..].iter().chain(&per_kind[..skip]);
@@ -249,31 +245,9 @@ impl Ask {
         for row in rows {
             *taken.entry(row.kind.as_str()).or_default() += 1;
         }
-        // A kind asked for none (a half of a claim that asked for one) fills nothing.
         self.kinds.iter().zip(&self.limits).any(|(kind, limit)| {
-            *limit > 0
-                && taken.get(kind).copied().unwrap_or(0) >= usize::try_from(*limit).unwrap_or(0)
+            taken.get(kind).copied().unwrap_or(0) >= usize::try_from(*limit).unwrap_or(0)
         })
-    }
-
-    /// This claim as two that may run at once, each taking its half of the rows
-    /// (`sql::CLAIM`'s `$9`, `$10`) and half of each kind's limit; none unless it is a
-    /// plain claim of at least `HALVES_FROM` jobs.
-    pub(super) fn halves(&self) -> Option<[Ask; 2]> {
-        if self.statement != sql::CLAIM || self.want < HALVES_FROM || self.half.1 != 1 {
-            return None;
-        }
-        let half = |i: i32| Ask {
-            kinds: self.kinds.clone(),
-            limits: self.limits.iter().map(|n| (n + 1 - i) / 2).collect(),
-            leases: self.leases.clone(),
-            floors: self.floors.clone(),
-            writers: self.writers.clone(),
-            want: (self.want + 1 - i as usize) / 2,
-            statement: self.statement,
-            half: (i, 2),
-        };
-        Some([half(0), half(1)])
     }
 
     /// Runs the claim on the producer's connection: its first runs of each statement
@@ -291,16 +265,11 @@ impl Ask {
             .bind(&self.floors)
             .bind(shared.runtime_id)
             .bind(&self.writers.0)
-            .bind(&self.writers.1)
-            .bind(self.half.1)
-            .bind(self.half.0);
+            .bind(&self.writers.1);
         let rows = held.fetch_planned(self.statement, query).await?;
         Taken::read(&rows)
     }
 }
-
-/// The least a claim asks for that is taken in two halves at once ([`Ask::halves`]).
-const HALVES_FROM: usize = 200;
 
 /// What the producer knows of each kind from its last claims.
 #[derive(Default)]

@@ -63,55 +63,6 @@ pub(super) struct Snapshot {
     pub since: Option<f64>,
 }
 
-/// One claim's report on the floors: its snapshot, and its rows'.
-pub(super) type Claimed = (Snapshot, Vec<Report>);
-
-/// The report of a claim taken in two halves at once (`claim::Ask::halves`), as one
-/// claim's: each half took only rows of its own half, so a range has been read to
-/// where both halves read it (the lesser of their reaches), and only where both took
-/// rows; the earlier snapshot dates the writers, which are those of either half.
-pub(super) fn both_halves((a, rows_a): Claimed, (b, rows_b): Claimed) -> Claimed {
-    let reach = |rows: &[Report]| {
-        let mut reached: HashMap<(&'static str, i16), f64> = HashMap::new();
-        for row in rows {
-            let to = row.held_back.unwrap_or(row.run_after);
-            reached
-                .entry((row.kind, row.priority))
-                .and_modify(|r| *r = r.max(to))
-                .or_insert(to);
-        }
-        reached
-    };
-    let other = reach(&rows_b);
-    let rows = reach(&rows_a)
-        .into_iter()
-        .filter_map(|(range, to)| {
-            Some(Report {
-                kind: range.0,
-                priority: range.1,
-                run_after: to.min(*other.get(&range)?),
-                held_back: None,
-            })
-        })
-        .collect();
-    let least = |x: Option<f64>, y: Option<f64>| match (x, y) {
-        (Some(x), Some(y)) => Some(x.min(y)),
-        (x, y) => x.or(y),
-    };
-    let mut writers = a.writers;
-    writers.extend(b.writers);
-    writers.sort_unstable();
-    writers.dedup();
-    let snapshot = Snapshot {
-        at: a.at.min(b.at),
-        xmax: a.xmax.min(b.xmax),
-        writers,
-        waiting: least(a.waiting, b.waiting),
-        since: least(a.since, b.since),
-    };
-    (snapshot, rows)
-}
-
 /// The floors of a runtime's kinds, and the state of the probe behind them.
 #[derive(Default)]
 pub(super) struct Floors {
@@ -324,32 +275,6 @@ mod tests {
         // Never back down by itself.
         f.after_claim(&snap(11.0, 101, &[], None), &[row(6.0, None)]);
         assert!((floor(&f) - 6.9).abs() < 1e-9);
-    }
-
-    #[test]
-    fn the_halves_of_a_claim_move_a_floor_to_the_lesser_reach_where_both_took_rows() {
-        let other = |priority, run_after| Report {
-            priority,
-            ..row(run_after, None)
-        };
-        let a = (
-            snap(10.0, 100, &[7], None),
-            vec![row(5.0, None), row(9.0, None), other(3, 4.0)],
-        );
-        let b = (
-            snap(10.1, 101, &[8, 7], Some(2.0)),
-            vec![row(6.0, Some(3.0)), row(8.0, Some(3.0))],
-        );
-        let (snapshot, rows) = both_halves(a, b);
-        assert_eq!(
-            (snapshot.at, snapshot.xmax, snapshot.since),
-            (10.0, 100, Some(2.0))
-        );
-        assert_eq!(snapshot.writers, vec![7, 8]);
-        // Priority 0: the second half was held back at 3.0. Priority 3: only the first
-        // half took rows there, so it does not move.
-        assert_eq!(rows.len(), 1);
-        assert_eq!((rows[0].priority, rows[0].run_after), (0, 3.0));
     }
 
     #[test]

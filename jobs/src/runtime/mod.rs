@@ -82,8 +82,8 @@ pub struct Runtime {
 
 /// How many connections of its own a runtime opens at most, with the same settings as
 /// the application's pool: the heartbeat's (on a thread of its own), and a pool of the
-/// rest for the listener, the claimer (two connections while large claims run in two
-/// halves), the completer, the probe, and rescues, failures and the retention prune. Handlers use the application's pool; the runtime's statements never
+/// rest for the listener, the claimer, the completer, and rescues, failures and the
+/// retention prune. Handlers use the application's pool; the runtime's statements never
 /// wait behind them for a connection.
 pub const RUNTIME_CONNECTIONS: u32 = 6;
 

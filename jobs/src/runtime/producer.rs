@@ -42,13 +42,7 @@
 //!    the probe (below) finds one of its jobs due. The rows start in claim order,
 //!    each in an executor that waits for a slot (`super::claim`); the floors move
 //!    ([`super::floors`]); and the claim was full if it took all it asked for, or all it
-//!    asked of some kind. A plain claim of at least `claim::HALVES_FROM` jobs is taken
-//!    in two halves at once, on two connections (the second one taken from the
-//!    runtime's pool only when it has one to spare, and given back when the runtime
-//!    idles): each half takes the rows of its half of the ids (a hash of the id), half
-//!    of each kind's share, and the floors move to where both halves read
-//!    (`floors::both_halves`). One claim's statement runs on one core of the database;
-//!    two use the core that a drain otherwise leaves idle (BENCHMARKS.md).
+//!    asked of some kind.
 //!
 //! Before any of these, while the heartbeat cannot renew leases (no connection, or its
 //! renewals fail), the producer claims nothing, and says why every few seconds.
@@ -77,8 +71,8 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::ahead::Rates;
 use super::backoff::Backoff;
-use super::claim::{Ask, ClaimRow, Seen, claim_order, start};
-use super::floors::{Floors, Report};
+use super::claim::{Ask, ClaimRow, Seen, Taken, claim_order, start};
+use super::floors::{Floors, Report, Snapshot};
 use super::paused::Paused;
 use super::periodic::Periodic;
 use super::{HeldConn, Shared};
@@ -111,9 +105,6 @@ const WRITERS_POLL: Duration = Duration::from_millis(10);
 /// application took a third longer), and a job of a quiet kind that came without a
 /// notification waits this long, and the probe's time, at most.
 const QUIET_EVERY: Duration = Duration::from_millis(50);
-
-/// How long a claim waits for a second connection to take its halves on.
-const SECOND_CONN_WAIT: Duration = Duration::from_millis(20);
 
 /// How often a runtime that cannot renew leases (and so claims nothing) says so.
 const RENEWALS_WARN_EVERY: Duration = Duration::from_secs(5);
@@ -182,8 +173,6 @@ struct Producer {
     stop: watch::Receiver<bool>,
     /// The connection claims go through, held across turns ([`HeldConn`]).
     conn: Option<HeldConn>,
-    /// The second connection, for the halves of a large claim ([`Self::second_conn`]).
-    conn2: Option<HeldConn>,
     backoff: Backoff,
     poll: tokio::time::Interval,
     periodic: Periodic,
@@ -229,7 +218,6 @@ impl Producer {
             executors,
             stop,
             conn: None,
-            conn2: None,
             backoff: claim_backoff(),
             poll,
             paused: Paused::default(),
@@ -414,8 +402,6 @@ impl Producer {
     /// job (a retry, a snooze, a delayed enqueue) becomes due, or the probe's answer;
     /// right after a wake-up, until a moment later at most.
     async fn idle(&mut self, per_kind: &[(&'static HandlerInfo, usize)]) {
-        // The halves of a claim are for busy claims: the pool has the connection back.
-        self.conn2 = None;
         let window = self.claim_sent.elapsed() + NEXT_DUE_MARGIN;
         let (real_due, writers) = next_due(&self.shared, &mut self.conn, per_kind, window).await;
         let due = if writers {
@@ -516,118 +502,30 @@ impl Producer {
             return;
         };
         self.claim_sent = Instant::now();
-        let fetched = match ask.halves() {
-            Some(halves) if self.second_conn().await => self.fetch_halves(halves).await,
-            _ => self.fetch(&ask).await,
-        };
-        let (rows, filled, floors, failed) = match fetched {
-            Ok(fetched) => fetched,
-            Err(e) => return self.claim_failed(&e).await,
-        };
-        if failed.is_none() {
-            self.backoff = claim_backoff();
-        }
-        if !rows.is_empty() {
-            self.rates.claimed(self.claim_sent.elapsed());
-        }
-        self.more = filled;
-        self.seen.note(&ask, &rows, self.more);
-        if let Some((snapshot, reports)) = floors {
-            self.floors.after_claim(&snapshot, &reports);
-        }
-        self.start_all(rows, &ask.kinds).await;
-        if let Some(e) = failed {
-            self.claim_failed(&e).await;
-        } else if !self.more {
-            // Idle next: let the executors just started (each waiting in this
-            // worker's next-task slot) begin their handlers before the next-due
-            // query is written, which would otherwise go first.
-            tokio::task::yield_now().await;
-        }
-    }
-
-    /// Runs `ask` on the producer's connection.
-    async fn fetch(&mut self, ask: &Ask) -> Result<Fetched, sqlx::Error> {
         let shared = self.shared.clone();
         let conn = &mut self.conn;
-        let one = async {
+        let fetch = async {
             let held = HeldConn::get(conn, &shared.db).await?;
             ask.fetch(&shared, held).await
         };
-        let taken = super::answer_within(shared.answer_within, "the claim", one).await?;
-        let floors = taken.snapshot.map(|s| (s, self.reports(&taken.rows)));
-        let filled = ask.filled(&taken.rows);
-        Ok((taken.rows, filled, floors, None))
-    }
-
-    /// Runs the two halves of a claim at once, on the producer's connection and its
-    /// second one. The floors move only if both answer; the rows of a half that
-    /// answered start either way, and the other half's error is returned beside them.
-    async fn fetch_halves(&mut self, [a, b]: [Ask; 2]) -> Result<Fetched, sqlx::Error> {
-        let shared = self.shared.clone();
-        let (conn, second) = (&mut self.conn, &mut self.conn2);
-        let both = async {
-            let held = HeldConn::get(conn, &shared.db).await?;
-            let second = second.as_mut().expect("taken before the halves");
-            Ok(tokio::join!(
-                a.fetch(&shared, held),
-                b.fetch(&shared, second)
-            ))
-        };
-        let (ta, tb) = super::answer_within(shared.answer_within, "the claim", both).await?;
-        let (ta, tb, failed) = match (ta, tb) {
-            (Ok(ta), Ok(tb)) => (ta, tb, None),
-            (Err(e), Ok(t)) | (Ok(t), Err(e)) => {
-                let filled = a.filled(&t.rows) || b.filled(&t.rows);
-                return Ok((t.rows, filled, None, Some(e)));
+        match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
+            Ok(Taken { rows, snapshot }) => {
+                self.backoff = claim_backoff();
+                if !rows.is_empty() {
+                    self.rates.claimed(self.claim_sent.elapsed());
+                }
+                self.more = ask.filled(&rows);
+                self.seen.note(&ask, &rows, self.more);
+                self.start_all(rows, snapshot, &ask.kinds).await;
+                if !self.more {
+                    // Idle next: let the executors just started (each waiting in this
+                    // worker's next-task slot) begin their handlers before the next-due
+                    // query is written, which would otherwise go first.
+                    tokio::task::yield_now().await;
+                }
             }
-            (Err(e), Err(_)) => return Err(e),
-        };
-        let filled = a.filled(&ta.rows) || b.filled(&tb.rows);
-        let floors = match (ta.snapshot, tb.snapshot) {
-            (Some(sa), Some(sb)) => Some(super::floors::both_halves(
-                (sa, self.reports(&ta.rows)),
-                (sb, self.reports(&tb.rows)),
-            )),
-            _ => None,
-        };
-        let mut rows = ta.rows;
-        rows.extend(tb.rows);
-        Ok((rows, filled, floors, failed))
-    }
-
-    /// Whether the producer has a second connection for the halves of a claim: held
-    /// while the claims are busy (the pool has it back when they are idle), taken only
-    /// when the runtime's pool has one idle or room for one, and never waited for
-    /// longer than `SECOND_CONN_WAIT` (the claim is then taken whole).
-    async fn second_conn(&mut self) -> bool {
-        let db = &self.shared.db;
-        let room = db.num_idle() > 0 || db.size() < db.options().get_max_connections();
-        if self.conn2.is_none()
-            && room
-            && let Ok(Ok(conn)) = tokio::time::timeout(SECOND_CONN_WAIT, db.acquire()).await
-        {
-            self.conn2 = Some(HeldConn {
-                conn,
-                runs: HashMap::new(),
-            });
+            Err(e) => self.claim_failed(&e).await,
         }
-        self.conn2.is_some()
-    }
-
-    /// The rows' reports on the floors.
-    fn reports(&self, rows: &[ClaimRow]) -> Vec<Report> {
-        rows.iter()
-            .filter_map(|r| {
-                let (&kind, _) = self.shared.handlers.get_key_value(r.kind.as_str())?;
-                Some(Report {
-                    kind,
-                    priority: r.priority,
-                    run_after: r.run_after?,
-                    held_back: r.held_back,
-                })
-            })
-            .collect()
     }
 
     /// The kinds with a limit that a claim of them would ask for now ([`Self::asked`]),
@@ -698,7 +596,7 @@ impl Producer {
                     }
                 }
                 let order: Vec<&'static str> = asks.iter().map(|(info, _, _)| info.kind).collect();
-                self.start_all(taken.rows, &order).await;
+                self.start_all(taken.rows, None, &order).await;
             }
             Err(e) if super::global::lock_not_granted(&e) => {
                 // Another runtime's claim holds a kind's lock (and may be stalled):
@@ -743,7 +641,27 @@ impl Producer {
     /// Moves the floors by a claim's report (`snapshot`: none for a claim of kinds with
     /// a limit, which keep no floors) and starts the claimed rows, in claim order
     /// (`kinds` in the order they took their turns).
-    async fn start_all(&mut self, rows: Vec<ClaimRow>, kinds: &[&'static str]) {
+    async fn start_all(
+        &mut self,
+        rows: Vec<ClaimRow>,
+        snapshot: Option<Snapshot>,
+        kinds: &[&'static str],
+    ) {
+        if let Some(snapshot) = snapshot {
+            let reports: Vec<Report> = rows
+                .iter()
+                .filter_map(|r| {
+                    let (&kind, _) = self.shared.handlers.get_key_value(r.kind.as_str())?;
+                    Some(Report {
+                        kind,
+                        priority: r.priority,
+                        run_after: r.run_after?,
+                        held_back: r.held_back,
+                    })
+                })
+                .collect();
+            self.floors.after_claim(&snapshot, &reports);
+        }
         let mut running = self.executors.lock().await;
         for row in claim_order(rows, kinds) {
             start(&self.shared, row, &mut running);
@@ -754,7 +672,6 @@ impl Producer {
     /// listener's reconnection (the database is back) ends early.
     async fn claim_failed(&mut self, e: &sqlx::Error) {
         self.conn = None;
-        self.conn2 = None;
         let wait = self.backoff.after(e);
         let error = super::connections::why(&self.shared, e).await;
         tracing::warn!(%error, retry_in = ?wait, "cannot claim jobs; retrying");
@@ -913,15 +830,6 @@ type ProbeAnswer = (
     Duration,
     bool,
     Option<f64>,
-);
-
-/// A claim's answer: the rows taken, whether more may be waiting, the floors' report
-/// (none when a half of it failed), and the error of the half that failed, if one did.
-type Fetched = (
-    Vec<ClaimRow>,
-    bool,
-    Option<super::floors::Claimed>,
-    Option<sqlx::Error>,
 );
 
 /// The backoff between failed claims.
