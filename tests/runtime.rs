@@ -497,6 +497,79 @@ async fn a_concurrency_above_one_claims_limit_keeps_claiming(pool: PgPool) {
 }
 
 // ---------------------------------------------------------------------------------
+// The rows a claim took start while the next claim is in flight: a claim that waits
+// (here for a lock on the whole table) holds up none of the jobs claimed before it.
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "rt.beside")]
+struct Beside {
+    n: u32,
+}
+
+/// The jobs whose handler has started (each test runs in a process of its own).
+static BESIDE_STARTED: std::sync::Mutex<Vec<i64>> = std::sync::Mutex::new(Vec::new());
+
+#[jobs::handler]
+async fn beside(_job: Beside, ctx: JobContext) -> Result<(), JobError> {
+    BESIDE_STARTED.lock().unwrap().push(ctx.id());
+    Ok(())
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn jobs_claimed_before_a_claim_that_waits_start_anyway(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for n in 0..20_000 {
+        batch.push(&Beside { n }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    // A concurrency above what one claim takes of a kind (1,000): after each claim the
+    // room left calls for the next one at once, which goes out while the rows of the
+    // one before start. The runtime waits for its statements far longer than the test.
+    let rt = Running::start(
+        runtime(&pool, &["rt.beside"])
+            .concurrency(2_500)
+            .statement_timeout(Duration::from_secs(600)),
+    );
+    wait_until("two claims' jobs started", || async {
+        BESIDE_STARTED.lock().unwrap().len() >= 1_500
+    })
+    .await;
+    // From here every claim and completion waits for this transaction. Granted once
+    // the statements in flight have ended: the rows of a claim that has committed are
+    // `running`, whether or not the runtime has started them yet.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let claimed: Vec<i64> = sqlx::query_scalar("SELECT id FROM jobs WHERE state = 'running'")
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'pending'")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert!(left > 0, "the drain ended before the table was locked");
+    wait_until(
+        "every job claimed before the lock started while it is held",
+        || async {
+            let started: std::collections::HashSet<i64> =
+                BESIDE_STARTED.lock().unwrap().iter().copied().collect();
+            claimed.iter().all(|id| started.contains(id))
+        },
+    )
+    .await;
+    tx.rollback().await.unwrap();
+    wait_until("all 20,000 jobs done", || async {
+        common::live(&pool).await == 0
+    })
+    .await;
+    rt.stop().await;
+    assert_eq!(BESIDE_STARTED.lock().unwrap().len(), 20_000);
+}
+
+// ---------------------------------------------------------------------------------
 // Wake-up: an idle runtime that polls once an hour still starts a job at once.
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]

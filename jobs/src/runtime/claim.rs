@@ -402,14 +402,23 @@ pub(super) fn claim_order(rows: Vec<ClaimRow>, kinds: &[&'static str]) -> Vec<Cl
         .collect()
 }
 
-/// Starts the executor of a claimed job.
+/// Takes a slot for each of `rows` (of a kind with a handler, as every claimed row is):
+/// from here the free capacity counts them, started or not.
+pub(super) fn take_slots(shared: &Shared, rows: &[ClaimRow]) {
+    for row in rows {
+        if let Some(handler) = shared.handlers.get(row.kind.as_str()) {
+            shared.take_slot(handler.kind);
+        }
+    }
+}
+
+/// Starts the executor of a claimed job, its slot taken ([`take_slots`]).
 pub(super) fn start(shared: &Arc<Shared>, row: ClaimRow, executors: &mut JoinSet<()>) {
     let Some(&handler) = shared.handlers.get(row.kind.as_str()) else {
         // Cannot happen: the claim names only kinds with a handler.
         tracing::error!(job.id = row.id, job.kind = %row.kind, "claimed a job of a kind with no handler");
         return;
     };
-    shared.take_slot(handler.kind);
     observe::claimed(handler.kind, row.waited.unwrap_or(0.0));
     // The database's clock at the claim: the job's run-after plus how long it waited.
     let db_claimed_us = match (row.run_after, row.waited) {

@@ -39,10 +39,16 @@
 //!    priority, the same for all, or after a split claim that came back short;
 //!    otherwise by [`sql::CLAIM_SPLIT`], the most urgent priority first, then by turns. A quiet kind
 //!    (its last claim found nothing) is asked for only when a notification names it, or
-//!    the probe (below) finds one of its jobs due. The rows start in claim order,
-//!    each in an executor that waits for a slot (`super::claim`); the floors move
-//!    ([`super::floors`]); and the claim was full if it took all it asked for, or all it
-//!    asked of some kind.
+//!    the probe (below) finds one of its jobs due. The floors move
+//!    ([`super::floors`]); the claim was full if it took all it asked for, or all it
+//!    asked of some kind; and its rows take their slots at once (the next turn's
+//!    capacity counts them) and start in claim order, each in an executor that waits
+//!    for a slot (`super::claim`): while the next claim is in flight, which goes out
+//!    first, or else before the next step waits for anything. The database then claims
+//!    while the runtime starts what it took (a drain of short jobs waited a fifth of its
+//!    time for the starts, and the runtime's turn, between one claim and the next). A
+//!    claim that took less than it asked for starts its rows at once: the runtime idles
+//!    next.
 //!
 //! Before any of these, while the heartbeat cannot renew leases (no connection, or its
 //! renewals fail), the producer claims nothing, and says why every few seconds.
@@ -71,7 +77,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::ahead::Rates;
 use super::backoff::Backoff;
-use super::claim::{Ask, ClaimRow, Seen, Taken, claim_order, start};
+use super::claim::{Ask, ClaimRow, Seen, Taken, claim_order, start, take_slots};
 use super::floors::{Floors, Report, Snapshot};
 use super::paused::Paused;
 use super::periodic::Periodic;
@@ -121,6 +127,7 @@ pub(super) async fn run(shared: Arc<Shared>, executors: Executors, stop: watch::
     let mut producer = Producer::new(shared, executors, stop);
     while !*producer.stop.borrow() {
         if !*producer.shared.renewing.borrow() {
+            producer.start_claimed().await;
             producer.wait_for_renewals().await;
             continue;
         }
@@ -128,6 +135,7 @@ pub(super) async fn run(shared: Arc<Shared>, executors: Executors, stop: watch::
         let capacity = producer.capacity();
         producer.hand_on(&freed_here, &capacity.1);
         if capacity.0 == 0 || capacity.1.iter().all(|(_, n)| *n == 0) {
+            producer.start_claimed().await;
             producer.wait_for_room().await;
             continue;
         }
@@ -136,16 +144,20 @@ pub(super) async fn run(shared: Arc<Shared>, executors: Executors, stop: watch::
             if !producer.gathered && batched(&limited) && producer.below_target(capacity.0) {
                 producer.gather().await;
             } else {
+                producer.start_claimed().await;
                 producer.claim_limited(&limited, capacity.0).await;
             }
         } else if !producer.more {
+            producer.start_claimed().await;
             producer.idle(&capacity.1).await;
         } else if !producer.gathered && producer.below_target(capacity.0) {
             producer.gather().await;
         } else {
+            // The rows of the last claim start while this one is in flight.
             producer.claim(&capacity).await;
         }
     }
+    producer.start_claimed().await;
     if let Some(probe) = producer.probe.take() {
         probe.abort();
     }
@@ -160,8 +172,20 @@ async fn start_handed(shared: &Arc<Shared>, executors: &Executors, last: bool) {
     if rows.is_empty() {
         return;
     }
+    let rows = claim_order(rows, &[]);
+    take_slots(shared, &rows);
+    start_rows(shared, executors, rows).await;
+}
+
+/// Starts `rows` (their slots taken, in claim order), each in an executor, after
+/// reaping the executors that have ended.
+async fn start_rows(shared: &Arc<Shared>, executors: &Executors, rows: Vec<ClaimRow>) {
+    if rows.is_empty() {
+        return;
+    }
     let mut running = executors.lock().await;
-    for row in claim_order(rows, &[]) {
+    while running.try_join_next().is_some() {}
+    for row in rows {
         start(shared, row, &mut running);
     }
 }
@@ -179,6 +203,9 @@ struct Producer {
     paused: Paused,
     rates: Rates,
     floors: Floors,
+    /// The rows claimed and not started yet (their slots taken, in claim order): they
+    /// start while the next claim is in flight, or before any other step.
+    claimed: Vec<ClaimRow>,
     /// The floor probe in flight, if any, and its signal when it ends.
     probe: Option<JoinHandle<ProbeAnswer>>,
     probe_done: Arc<Notify>,
@@ -222,6 +249,7 @@ impl Producer {
             poll,
             paused: Paused::default(),
             floors: Floors::default(),
+            claimed: Vec::new(),
             probe: None,
             probe_done: Arc::new(Notify::new()),
             more: true,
@@ -240,7 +268,9 @@ impl Producer {
     /// once per poll interval, and at once when a pause or resume notifies), the rates,
     /// and the floor probe.
     async fn tend(&mut self) -> HashSet<&'static str> {
-        while self.executors.lock().await.try_join_next().is_some() {}
+        if let Ok(mut running) = self.executors.try_lock() {
+            while running.try_join_next().is_some() {}
+        }
         start_handed(&self.shared, &self.executors, false).await;
         self.periodic.tend(&self.shared).await;
         if self
@@ -475,9 +505,11 @@ impl Producer {
     /// cost at most the window per claim.
     async fn gather(&mut self) {
         self.gathered = true;
+        let until = tokio::time::Instant::now() + BATCH_WINDOW;
+        self.start_claimed().await;
         let shared = &self.shared;
         let total = self.rates.total;
-        let _ = tokio::time::timeout(BATCH_WINDOW, async {
+        let _ = tokio::time::timeout_at(until, async {
             while self.below_target(shared.total_free(total)) {
                 shared.slot_freed.notified().await;
             }
@@ -508,7 +540,12 @@ impl Producer {
             let held = HeldConn::get(conn, &shared.db).await?;
             ask.fetch(&shared, held).await
         };
-        match super::answer_within(self.shared.answer_within, "the claim", fetch).await {
+        // Polled first, the claim is on its way before the rows start.
+        let (answer, ()) = tokio::join!(
+            super::answer_within(shared.answer_within, "the claim", fetch),
+            start_rows(&shared, &self.executors, std::mem::take(&mut self.claimed)),
+        );
+        match answer {
             Ok(Taken { rows, snapshot }) => {
                 self.backoff = claim_backoff();
                 if !rows.is_empty() {
@@ -516,11 +553,12 @@ impl Producer {
                 }
                 self.more = ask.filled(&rows);
                 self.seen.note(&ask, &rows, self.more);
-                self.start_all(rows, snapshot, &ask.kinds).await;
+                self.hold(rows, snapshot, &ask.kinds);
                 if !self.more {
-                    // Idle next: let the executors just started (each waiting in this
-                    // worker's next-task slot) begin their handlers before the next-due
-                    // query is written, which would otherwise go first.
+                    // Idle next: start the rows, and let their executors (each waiting
+                    // in this worker's next-task slot) begin their handlers before the
+                    // next-due query is written, which would otherwise go first.
+                    self.start_claimed().await;
                     tokio::task::yield_now().await;
                 }
             }
@@ -596,7 +634,7 @@ impl Producer {
                     }
                 }
                 let order: Vec<&'static str> = asks.iter().map(|(info, _, _)| info.kind).collect();
-                self.start_all(taken.rows, None, &order).await;
+                self.hold(taken.rows, None, &order);
             }
             Err(e) if super::global::lock_not_granted(&e) => {
                 // Another runtime's claim holds a kind's lock (and may be stalled):
@@ -639,14 +677,10 @@ impl Producer {
     }
 
     /// Moves the floors by a claim's report (`snapshot`: none for a claim of kinds with
-    /// a limit, which keep no floors) and starts the claimed rows, in claim order
-    /// (`kinds` in the order they took their turns).
-    async fn start_all(
-        &mut self,
-        rows: Vec<ClaimRow>,
-        snapshot: Option<Snapshot>,
-        kinds: &[&'static str],
-    ) {
+    /// a limit, which keep no floors) and takes a slot for each claimed row, which
+    /// then waits in `claimed`, in claim order (`kinds` in the order they took their
+    /// turns), to start.
+    fn hold(&mut self, rows: Vec<ClaimRow>, snapshot: Option<Snapshot>, kinds: &[&'static str]) {
         if let Some(snapshot) = snapshot {
             let reports: Vec<Report> = rows
                 .iter()
@@ -662,10 +696,15 @@ impl Producer {
                 .collect();
             self.floors.after_claim(&snapshot, &reports);
         }
-        let mut running = self.executors.lock().await;
-        for row in claim_order(rows, kinds) {
-            start(&self.shared, row, &mut running);
-        }
+        let rows = claim_order(rows, kinds);
+        take_slots(&self.shared, &rows);
+        self.claimed.extend(rows);
+    }
+
+    /// Starts the rows claimed and not started yet.
+    async fn start_claimed(&mut self) {
+        let rows = std::mem::take(&mut self.claimed);
+        start_rows(&self.shared, &self.executors, rows).await;
     }
 
     /// The claim failed: a fresh connection next time, after a backoff that the
