@@ -16,8 +16,9 @@ const AHEAD_FOR: Duration = Duration::from_millis(50);
 
 /// At most this many claims held ahead of free slots, over all kinds. A claim is sent
 /// once half of what the runtime may hold is free, so a fast kind at concurrency 10
-/// comes in claims of about 1,000 (the most a claim takes of a kind), one claim's rows
-/// starting while the next claim is in flight (`super::producer`). With 1,000 ahead,
+/// comes in claims of 530 to 800 on average over a drain (the claims ahead follow the
+/// measured rate, from none at its start; a claim takes at most 1,000 of a kind), one
+/// claim's rows starting while the next claim is in flight (`super::producer`). With 1,000 ahead,
 /// claims of about 370 drained W2 up to a tenth slower, and two runtime processes (W5)
 /// slower than before the rows started beside the next claim; with 500 ahead, before
 /// that change, claims of 250 drained W2 a tenth slower than 1,000 (BENCHMARKS.md).

@@ -162,19 +162,7 @@ pub(super) async fn run(shared: Arc<Shared>, executors: Executors, stop: watch::
         probe.abort();
     }
     // Jobs handed on from here on go back to the table; these hand themselves back.
-    start_handed(&producer.shared, &producer.executors, true).await;
-}
-
-/// Starts the jobs that completions claimed for the shares they freed
-/// ([`super::global::Freed::hand`]); with `last`, the producer is stopping.
-async fn start_handed(shared: &Arc<Shared>, executors: &Executors, last: bool) {
-    let rows = shared.freed.take_handed(last);
-    if rows.is_empty() {
-        return;
-    }
-    let rows = claim_order(rows, &[]);
-    take_slots(shared, &rows);
-    start_rows(shared, executors, rows).await;
+    producer.start_handed(true).await;
 }
 
 /// Starts `rows` (their slots taken, in claim order), each in an executor, after
@@ -271,7 +259,7 @@ impl Producer {
         if let Ok(mut running) = self.executors.try_lock() {
             while running.try_join_next().is_some() {}
         }
-        start_handed(&self.shared, &self.executors, false).await;
+        self.start_handed(false).await;
         self.periodic.tend(&self.shared).await;
         if self
             .shared
@@ -471,7 +459,7 @@ impl Producer {
                 _ = self.probe_done.notified(), if probing => break Woke::Unlimited,
                 _ = self.stop.changed() => break Woke::Any,
                 _ = self.shared.freed.handed_signal.notified() => {
-                    start_handed(&self.shared, &self.executors, false).await;
+                    self.start_handed(false).await;
                 }
             }
         };
@@ -699,6 +687,17 @@ impl Producer {
         let rows = claim_order(rows, kinds);
         take_slots(&self.shared, &rows);
         self.claimed.extend(rows);
+    }
+
+    /// Starts the jobs that completions claimed for the shares they freed
+    /// ([`super::global::Freed::hand`]), after the rows claimed before them; with
+    /// `last`, the producer is stopping.
+    async fn start_handed(&mut self, last: bool) {
+        let rows = self.shared.freed.take_handed(last);
+        if !rows.is_empty() {
+            self.hold(rows, None, &[]);
+            self.start_claimed().await;
+        }
     }
 
     /// Starts the rows claimed and not started yet.
