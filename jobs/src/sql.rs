@@ -399,6 +399,36 @@ macro_rules! claimed {
     };
 }
 
+/// How many visible rows index scans of `jobs_claim` have returned in this session so
+/// far: PostgreSQL counts each as the scan fetches it (`pgstat_count_heap_fetch`,
+/// whatever the row lock then does) in the session's own statistics, which it sends
+/// only between statements, so two reads in one statement count the rows fetched
+/// between them. A locking scan whose count grew by exactly the rows it locked passed
+/// no visible row, held or not: then `passed` ([`claim_tail!`]) is not counted.
+macro_rules! visited {
+    () => {
+        "pg_stat_get_xact_tuples_fetched('jobs_claim'::regclass)"
+    };
+}
+
+/// The CTE `visits`: [`visited!`] before a claim's locking scans, which wait for it (a
+/// one-time filter on `(SELECT before FROM visits)`); `$from` is what it must read
+/// first (the claim's unlocked pass, which reads the same index).
+macro_rules! visits {
+    ($from:literal) => {
+        concat!(
+            "
+visits AS MATERIALIZED (
+    SELECT ",
+            visited!(),
+            " AS before",
+            $from,
+            "
+),"
+        )
+    };
+}
+
 /// What both claims share after their CTE `picked` (`id, run_after, priority, ord` of
 /// each row locked): the rows the scans passed without taking them, the snapshot's
 /// writers, and the update.
@@ -416,6 +446,9 @@ macro_rules! claimed {
 /// statement's enqueue gives all its rows one: each claim read on to the end of such a
 /// batch (4 ms per 10,000 rows on a slow database). `held_back`, for the ranges where
 /// the claim passed rows, is the first pending row from the floor (one index probe).
+/// Both are read only when the locking scans fetched more visible rows from the claim
+/// index than they locked (`skipped`, [`visited!`]); otherwise no range has a row to
+/// report, and the count, which read every row taken once more, is not made.
 ///
 /// `writers`: the transactions (xids) in progress at this statement's snapshot that
 /// hold a write or row lock on `jobs` (each may commit a pending row this claim could
@@ -433,10 +466,22 @@ macro_rules! claimed {
 /// that while it waits. `pg_locks` is read once per claim (about 0.1 ms), and a claim
 /// that takes nothing still returns one row, its id NULL, with this report: an idle
 /// runtime learns of a writer's end too. `waitstart` needs PostgreSQL 14.
+///
+/// `$locked` is the CTE of every row the locking scans locked, which they started only
+/// after the CTE `visits` read the claim index's count ([`visits!`]); `passed` is
+/// counted only where that count grew by more than `$locked` holds.
 macro_rules! claim_tail {
-    () => {
+    ($locked:literal) => {
         concat!(
             r#"
+skipped AS MATERIALIZED (
+    SELECT "#,
+            visited!(),
+            r#" - (SELECT before FROM visits) <> count(*) AS seen
+    FROM "#,
+            $locked,
+            r#"
+),
 edge AS (
     SELECT DISTINCT ON (ord, priority) ord, priority, run_after, id,
            count(*) OVER (PARTITION BY ord, priority) AS taken
@@ -455,7 +500,8 @@ passed AS MATERIALIZED (
             LIMIT 1) AS first
     FROM edge e
     JOIN wanted w ON w.ord = e.ord
-    WHERE (SELECT count(*)
+    WHERE (SELECT seen FROM skipped)
+      AND (SELECT count(*)
            FROM (SELECT 1
                  FROM jobs j
                  WHERE j.state = 'pending' AND j.kind = w.kind
@@ -556,6 +602,7 @@ pub(crate) const CLAIM_MAX_PER_KIND: usize = 1_000;
 /// wait, and `since` ([`claim_head!`]); when it takes nothing, one row of these alone.
 pub(crate) const CLAIM: &str = concat!(
     claim_head!(),
+    visits!(""),
     r#"
 picked AS MATERIALIZED (
     SELECT c.id, c.run_after, c.priority, c.ord
@@ -563,9 +610,10 @@ picked AS MATERIALIZED (
     "#,
     locking_scan!("w.n"),
     r#"
+    WHERE (SELECT before FROM visits) IS NOT NULL
     LIMIT $4
 ),"#,
-    claim_tail!()
+    claim_tail!("picked")
 );
 
 /// The first int of the advisory lock [`LIMIT_LOCK`] takes per kind (`'jobs'` in
@@ -1075,6 +1123,9 @@ top AS MATERIALIZED (
 share AS (
     SELECT t.ord, count(*) AS n FROM top t GROUP BY t.ord
 ),
+"#,
+    visits!(" FROM (SELECT count(*) FROM top) t"),
+    r#"
 locked AS MATERIALIZED (
     SELECT c.id, c.run_after, c.priority, c.ord
     FROM share s
@@ -1082,6 +1133,7 @@ locked AS MATERIALIZED (
     "#,
     locking_scan!("s.n"),
     r#"
+    WHERE (SELECT before FROM visits) IS NOT NULL
 ),
 at_limit AS (
     SELECT max(l.priority) AS deepest
@@ -1097,7 +1149,7 @@ picked AS MATERIALIZED (
     FROM locked l
     WHERE l.priority <= coalesce((SELECT min(deepest) FROM at_limit), 9)
 ),"#,
-    claim_tail!()
+    claim_tail!("locked")
 );
 
 /// The probe beside the claims: for each kind `$1[i]` (a kind may be listed twice) and

@@ -1,0 +1,208 @@
+//! The claim statements read alone: what they report of the rows their locking scans
+//! passed while another transaction held them, and that they count nothing when their
+//! scans passed none (the count reads every row taken once more).
+
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool, Row};
+
+/// The crate's statement `name`.
+fn statement(name: &str) -> &'static str {
+    jobs::__private::statements()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("no statement {name}"))
+        .1
+}
+
+/// Prepares `name` as `c` on `conn`, with the plan PostgreSQL keeps for a statement
+/// the runtime runs often (the generic one).
+async fn prepare(conn: &mut PgConnection, name: &str) {
+    // The crate's own statement text, not input: safe to prepare as it stands.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "PREPARE c(text[], int[], bigint[], int, float8[], uuid, bigint[], float8[]) AS {}",
+        statement(name)
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
+/// The arguments of a claim of `per_kind` jobs of each of `kinds`, `total` in all, from
+/// the start of every range (no floors, no writers).
+fn arguments(kinds: &[&str], per_kind: i32, total: i32) -> String {
+    let n = vec![per_kind.to_string(); kinds.len()].join(",");
+    let lease = vec!["60000"; kinds.len()].join(",");
+    format!(
+        "('{{{}}}', '{{{n}}}', '{{{lease}}}', {total}, '{{}}', gen_random_uuid(), '{{}}', '{{}}')",
+        kinds.join(",")
+    )
+}
+
+/// Claims as `c` does, and returns the ids taken and each one's `held_back`.
+async fn claim(conn: &mut PgConnection, args: &str) -> Vec<(i64, Option<f64>)> {
+    sqlx::query(sqlx::AssertSqlSafe(format!("EXECUTE c{args}")))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|row| {
+            let id: Option<i64> = row.get("id");
+            id.map(|id| (id, row.get("held_back")))
+        })
+        .collect()
+}
+
+/// Claims as `c` does under `EXPLAIN ANALYZE`: whether any index scan of the CTE
+/// `passed` ran, and whether the locking scans read `jobs_claim`.
+async fn claim_explained(conn: &mut PgConnection, args: &str) -> (bool, bool) {
+    let (plan,): (Value,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE c{args}"
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let mut passed = None;
+    find(&plan[0]["Plan"], "CTE passed", &mut passed);
+    let passed = passed.expect("the plan has the CTE passed");
+    let mut scans_ran = false;
+    each(passed, &mut |node| {
+        let kind = node["Node Type"].as_str().unwrap_or_default();
+        if kind.starts_with("Index") && node["Actual Loops"].as_u64().unwrap_or(0) > 0 {
+            scans_ran = true;
+        }
+    });
+    let mut claim_index = false;
+    each(&plan[0]["Plan"], &mut |node| {
+        if node["Node Type"] == "LockRows" {
+            each(node, &mut |scan| {
+                claim_index |= scan["Index Name"] == "jobs_claim"
+            });
+        }
+    });
+    (scans_ran, claim_index)
+}
+
+/// The node of `plan` whose subplan name is `name`.
+fn find<'a>(plan: &'a Value, name: &str, out: &mut Option<&'a Value>) {
+    if plan["Subplan Name"] == name {
+        *out = Some(plan);
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        find(child, name, out);
+    }
+}
+
+/// Calls `f` on `plan` and every node under it.
+fn each(plan: &Value, f: &mut dyn FnMut(&Value)) {
+    f(plan);
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        each(child, f);
+    }
+}
+
+/// Enqueues `n` jobs of each of `kinds`, in one statement per kind.
+async fn backlog(pool: &PgPool, kinds: &[&str], n: i64) {
+    for kind in kinds {
+        sqlx::query(
+            "INSERT INTO jobs (kind, payload, max_attempts)
+             SELECT $1, jsonb_build_object('n', g), 3 FROM generate_series(1, $2) g",
+        )
+        .bind(kind)
+        .bind(n)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+}
+
+/// Locks, in a transaction of its own, the pending job of `kind` that comes `nth` in
+/// claim order; returns the transaction, the job's id and its run-after.
+async fn lock_nth(
+    pool: &PgPool,
+    kind: &str,
+    nth: i64,
+) -> (sqlx::Transaction<'static, sqlx::Postgres>, i64, f64) {
+    let (id, run_after): (i64, f64) = sqlx::query_as(
+        "SELECT id, extract(epoch FROM run_after)::float8 FROM jobs
+         WHERE kind = $1 AND state = 'pending'
+         ORDER BY priority, run_after, id OFFSET $2 - 1 LIMIT 1",
+    )
+    .bind(kind)
+    .bind(nth)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    // Locked by its id alone: a locking read with an offset locks the rows it skips too.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    (tx, id, run_after)
+}
+
+/// One kind, so [`CLAIM`]: a claim whose scan passed no row counts nothing; one that
+/// passed a held row reports it on every row it took of the range.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_claim_counts_the_rows_it_passed_only_when_it_passed_one(pool: PgPool) {
+    backlog(&pool, &["cs.one"], 400).await;
+    let mut conn = pool.acquire().await.unwrap();
+    prepare(&mut conn, "CLAIM").await;
+    let args = arguments(&["cs.one"], 100, 100);
+    let (counted, claim_index) = claim_explained(&mut conn, &args).await;
+    assert!(claim_index, "the locking scan reads jobs_claim");
+    assert!(
+        !counted,
+        "a claim that passed no row counted the rows it passed"
+    );
+
+    let (held, held_id, held_at) = lock_nth(&pool, "cs.one", 10).await;
+    let taken = claim(&mut conn, &args).await;
+    assert_eq!(taken.len(), 100);
+    assert!(taken.iter().all(|(id, _)| *id != held_id));
+    assert!(
+        taken.iter().all(|(_, back)| *back == Some(held_at)),
+        "every row of the range reports the held row's run-after: {taken:?}"
+    );
+    let (counted, _) = claim_explained(&mut conn, &args).await;
+    assert!(counted, "a claim that passed a held row did not count");
+
+    held.rollback().await.unwrap();
+    let taken = claim(&mut conn, &args).await;
+    let first = taken.iter().map(|(id, _)| *id).min();
+    assert_eq!(first, Some(held_id), "the released row is taken first");
+    assert!(taken.iter().all(|(_, back)| back.is_none()));
+}
+
+/// Two kinds whose limits add up to more than the claim takes, so [`CLAIM_SPLIT`],
+/// whose unlocked first pass reads the same index before the locking scans: it is not
+/// counted as rows they passed.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_split_claim_counts_the_rows_it_passed_only_when_it_passed_one(pool: PgPool) {
+    let kinds = ["cs.a", "cs.b"];
+    backlog(&pool, &kinds, 300).await;
+    let mut conn = pool.acquire().await.unwrap();
+    prepare(&mut conn, "CLAIM_SPLIT").await;
+    let args = arguments(&kinds, 100, 100);
+    let (counted, claim_index) = claim_explained(&mut conn, &args).await;
+    assert!(claim_index, "the locking scans read jobs_claim");
+    assert!(
+        !counted,
+        "a claim that passed no row counted the rows it passed"
+    );
+
+    let (held, held_id, held_at) = lock_nth(&pool, "cs.a", 5).await;
+    let taken = claim(&mut conn, &args).await;
+    assert_eq!(taken.len(), 100);
+    assert!(taken.iter().all(|(id, _)| *id != held_id));
+    assert!(
+        taken.iter().any(|(_, back)| *back == Some(held_at)),
+        "the rows of the held row's range report it: {taken:?}"
+    );
+    held.rollback().await.unwrap();
+}
