@@ -5,6 +5,12 @@
 //! Microseconds per claim from send to the last row received, medians; the first
 //! claims of each (while the statements are new, and as the runtime's first runs on a
 //! connection) are not counted.
+//!
+//! To try a change to the claim before making it: `JOBS_BENCH_CLAIM_OUT=<file>` writes
+//! the runtime's claim as it is sent; `JOBS_BENCH_CLAIM_ALT=<file>` (a claim taking the
+//! same eight parameters) is then measured beside the two, taking turns with them from
+//! the runtime's kind, and reported as "alternative"; `JOBS_BENCH_W9_SIZES=500,1000`
+//! limits the sizes.
 
 use std::time::Instant;
 
@@ -39,11 +45,26 @@ pub async fn run(runs: usize) {
         .find(|(name, _)| *name == "CLAIM")
         .expect("the claim statement")
         .1;
-    for &n in SIZES {
-        let (mut ours, mut minimal) = (Vec::new(), Vec::new());
+    if let Ok(path) = std::env::var("JOBS_BENCH_CLAIM_OUT") {
+        std::fs::write(path, claim).expect("JOBS_BENCH_CLAIM_OUT: a writable file");
+    }
+    let alternative: Option<&'static str> = std::env::var("JOBS_BENCH_CLAIM_ALT").ok().map(|p| {
+        let text = std::fs::read_to_string(p).expect("JOBS_BENCH_CLAIM_ALT: a readable file");
+        &*Box::leak(text.into_boxed_str())
+    });
+    let sizes: Vec<i32> = match std::env::var("JOBS_BENCH_W9_SIZES") {
+        Ok(list) => list
+            .split(',')
+            .map(|n| n.trim().parse().expect("JOBS_BENCH_W9_SIZES: numbers"))
+            .collect(),
+        Err(_) => SIZES.to_vec(),
+    };
+    for &n in &sizes {
+        let (mut ours, mut minimal, mut alt) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
             let pool = super::fresh_database(2).await;
-            let rows = i64::from(n) * CLAIMS as i64;
+            // The alternative claims from the runtime's kind too.
+            let rows = i64::from(n) * CLAIMS as i64 * if alternative.is_some() { 2 } else { 1 };
             sqlx::query(
                 "INSERT INTO jobs (kind, payload, max_attempts)
                  SELECT k, jsonb_build_object('seq', g), 20
@@ -58,17 +79,25 @@ pub async fn run(runs: usize) {
                 .await
                 .unwrap();
             let mut conn = pool.acquire().await.unwrap();
-            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
             for i in 0..CLAIMS {
                 let t = timed(&mut conn, claim, n).await;
                 let u = timed(&mut conn, MINIMAL, n).await;
+                let v = match alternative {
+                    Some(statement) => Some(timed(&mut conn, statement, n).await),
+                    None => None,
+                };
                 if i >= WARM_UP {
                     a.push(t);
                     b.push(u);
+                    c.extend(v);
                 }
             }
             ours.push(super::median(a));
             minimal.push(super::median(b));
+            if !c.is_empty() {
+                alt.push(super::median(c));
+            }
             drop(conn);
             pool.close().await;
         }
@@ -79,6 +108,14 @@ pub async fn run(runs: usize) {
             ours.clone(),
             &[("us_per_row", per_row(&ours))],
         );
+        if !alt.is_empty() {
+            super::report(
+                &format!("W9 claim of {n}, alternative"),
+                "us",
+                alt.clone(),
+                &[("us_per_row", per_row(&alt))],
+            );
+        }
         super::report(
             &format!("W9 claim of {n}, minimal"),
             "us",
@@ -88,7 +125,8 @@ pub async fn run(runs: usize) {
     }
 }
 
-/// One claim of `n` jobs by `statement` (the runtime's claim, or [`MINIMAL`]):
+/// One claim of `n` jobs by `statement` (the runtime's claim, an alternative, or
+/// [`MINIMAL`]):
 /// microseconds from send to its last row. Panics if it took fewer than `n`.
 async fn timed(conn: &mut PgConnection, statement: &'static str, n: i32) -> f64 {
     let started = Instant::now();
@@ -101,7 +139,7 @@ async fn timed(conn: &mut PgConnection, statement: &'static str, n: i32) -> f64 
             .unwrap();
         row.get::<Vec<i64>, _>("ids").len()
     } else {
-        sqlx::query(statement)
+        let rows = sqlx::query(statement)
             .bind(vec!["bench.noop"])
             .bind(vec![n])
             .bind(vec![30_000_i64])
@@ -112,8 +150,11 @@ async fn timed(conn: &mut PgConnection, statement: &'static str, n: i32) -> f64 
             .bind(Vec::<f64>::new())
             .fetch_all(&mut *conn)
             .await
-            .unwrap()
-            .len()
+            .unwrap();
+        // The rows with a job (an alternative may report apart, on a row of its own).
+        rows.iter()
+            .filter(|row| matches!(row.try_get::<Option<i64>, _>("id"), Ok(Some(_))))
+            .count()
     };
     let took = started.elapsed().as_secs_f64() * 1e6;
     assert_eq!(
