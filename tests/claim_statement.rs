@@ -2,34 +2,13 @@
 //! passed while another transaction held them, and that they count nothing when their
 //! scans passed none (the count reads every row taken once more).
 
+mod common;
+
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Row};
 
-/// The crate's statement `name`.
-fn statement(name: &str) -> &'static str {
-    jobs::__private::statements()
-        .into_iter()
-        .find(|(n, _)| *n == name)
-        .unwrap_or_else(|| panic!("no statement {name}"))
-        .1
-}
-
-/// Prepares `name` as `c` on `conn`, with the plan PostgreSQL keeps for a statement
-/// the runtime runs often (the generic one).
-async fn prepare(conn: &mut PgConnection, name: &str) {
-    // The crate's own statement text, not input: safe to prepare as it stands.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "PREPARE c(text[], int[], bigint[], int, float8[], uuid, bigint[], float8[]) AS {}",
-        statement(name)
-    )))
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    sqlx::query("SET plan_cache_mode = force_generic_plan")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-}
+/// The parameters of both claims, as `PREPARE` lists them.
+const PARAMETERS: &str = "text[], int[], bigint[], int, float8[], uuid, bigint[], float8[]";
 
 /// The arguments of a claim of `per_kind` jobs of each of `kinds`, `total` in all, from
 /// the start of every range (no floors, no writers).
@@ -152,7 +131,7 @@ async fn lock_nth(
 async fn a_claim_counts_the_rows_it_passed_only_when_it_passed_one(pool: PgPool) {
     backlog(&pool, &["cs.one"], 400).await;
     let mut conn = pool.acquire().await.unwrap();
-    prepare(&mut conn, "CLAIM").await;
+    common::prepare_generic(&mut conn, "CLAIM", "c", PARAMETERS).await;
     let args = arguments(&["cs.one"], 100, 100);
     let (counted, claim_index) = claim_explained(&mut conn, &args).await;
     assert!(claim_index, "the locking scan reads jobs_claim");
@@ -187,7 +166,7 @@ async fn a_split_claim_counts_the_rows_it_passed_only_when_it_passed_one(pool: P
     let kinds = ["cs.a", "cs.b"];
     backlog(&pool, &kinds, 300).await;
     let mut conn = pool.acquire().await.unwrap();
-    prepare(&mut conn, "CLAIM_SPLIT").await;
+    common::prepare_generic(&mut conn, "CLAIM_SPLIT", "c", PARAMETERS).await;
     let args = arguments(&kinds, 100, 100);
     let (counted, claim_index) = claim_explained(&mut conn, &args).await;
     assert!(claim_index, "the locking scans read jobs_claim");

@@ -126,11 +126,6 @@ async fn a_hand_off_counts_the_running_jobs_without_a_bitmap_scan(pool: PgPool) 
     // job of the kind a dead entry of `jobs_running`, each hand-off would read them
     // all again (7 ms per hand-off after 50,000 ended jobs, where a plain scan read
     // them once). The plan PostgreSQL keeps for the statement is the generic one.
-    let sql = jobs::__private::statements()
-        .into_iter()
-        .find(|(name, _)| *name == "HAND_OFF_ONE")
-        .expect("HAND_OFF_ONE")
-        .1;
     let mut conn = pool.acquire().await.unwrap();
     // A table never analyzed (autovacuum off, or before its first pass): 20,000 jobs
     // of the kind ended (deleted), three run, and a backlog waits.
@@ -145,17 +140,13 @@ async fn a_hand_off_counts_the_running_jobs_without_a_bitmap_scan(pool: PgPool) 
     ] {
         sqlx::query(statement).execute(&mut *conn).await.unwrap();
     }
-    // The crate's own statement text, not input: safe to prepare as it stands.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "PREPARE h(text, int, bigint, bigint, uuid, uuid) AS {sql}"
-    )))
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    sqlx::query("SET plan_cache_mode = force_generic_plan")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
+    common::prepare_generic(
+        &mut conn,
+        "HAND_OFF_ONE",
+        "h",
+        "text, int, bigint, bigint, uuid, uuid",
+    )
+    .await;
     let (plan,): (serde_json::Value,) = sqlx::query_as(
         "EXPLAIN (FORMAT JSON) EXECUTE h('pl.limited', 8, 60000, 1, gen_random_uuid(), gen_random_uuid())",
     )

@@ -123,3 +123,35 @@ pub async fn runs(pool: &PgPool, note: &str) -> i64 {
         .await
         .unwrap()
 }
+
+/// The crate's SQL statement `name` (`jobs::__private::statements()`).
+pub fn statement(name: &str) -> &'static str {
+    jobs::__private::statements()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("no statement {name}"))
+        .1
+}
+
+/// Prepares the crate's statement `name` as `as_name` (with the parameter types
+/// `types`) on `conn`, and makes the session plan it as PostgreSQL keeps a statement
+/// the runtime runs often: with the generic plan.
+pub async fn prepare_generic(
+    conn: &mut sqlx::PgConnection,
+    name: &str,
+    as_name: &str,
+    types: &str,
+) {
+    // The crate's own statement text, not input: safe to prepare as it stands.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "PREPARE {as_name}({types}) AS {}",
+        statement(name)
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
