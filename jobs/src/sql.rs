@@ -353,8 +353,8 @@ macro_rules! locking_scan {
 /// unless their 64 random bits match. A `gen_random_uuid()` per row cost a claim of 500
 /// a tenth of its time (bench W9, three alternations: 1.61 to 1.80 times the minimal
 /// claim before, 1.51 to 1.55 after). The times per row are `date_part`'s `float8`:
-/// `extract` computes a `numeric`, and its two per row cost a claim 2 to 3 % (W9, claims
-/// of 500 and 1,000, two alternations).
+/// `extract` computes a `numeric`, and its two per row cost a claim 1.6 to 2.9 % (W9,
+/// claims of 500 and 1,000, two alternations).
 macro_rules! claimed {
     ($runtime:literal, $from:literal) => {
         claimed!(
@@ -406,7 +406,12 @@ macro_rules! claimed {
 /// whatever the row lock then does) in the session's own statistics, which it sends
 /// only between statements, so two reads in one statement count the rows fetched
 /// between them. A locking scan whose count grew by exactly the rows it locked passed
-/// no visible row, held or not: then `passed` ([`claim_tail!`]) is not counted.
+/// no visible row, held or not: then `passed` ([`claim_tail!`]) is not counted. The
+/// count only grows, and every row locked was fetched, so anything else (statistics
+/// off, a plan on another index, a row changed under the scan) counts `passed` as
+/// before. The first read must come before the scans' first row: read after a row they
+/// passed, it would cancel that row out. `tests/claim_statement.rs` checks both claims'
+/// plans for it.
 macro_rules! visited {
     () => {
         "pg_stat_get_xact_tuples_fetched('jobs_claim'::regclass)"
@@ -581,7 +586,8 @@ pub(crate) const CLAIM_MAX_PER_KIND: usize = 1_000;
 /// Index: `jobs_claim (kind, priority, run_after, id) WHERE state = 'pending'`, a range
 /// scan per (kind, priority) from its floor to `now()`, so a backlog of other kinds or
 /// of future jobs is never read; the same ranges again, backward from the last row taken
-/// to at most one row before what it took, for `passed` ([`claim_tail!`]).
+/// to at most one row before what it took, for `passed` ([`claim_tail!`]), only when a
+/// scan passed a row.
 /// The locking select runs once, in a materialized CTE (a `WHERE id IN (subquery)` may
 /// be re-evaluated and claim more than asked); `SKIP LOCKED` lets concurrent claimers
 /// take disjoint rows, each kind's scan reading on down its range past rows other
