@@ -65,6 +65,48 @@ async fn claim_explained(conn: &mut PgConnection, args: &str) -> (bool, bool) {
     (scans_ran, claim_index)
 }
 
+/// [`claim_explained`] under each plan PostgreSQL may run `c` with: a custom plan (the
+/// runtime's first runs of a statement), then the generic one it keeps. Whether
+/// `passed`'s scans ran, for each; asserts that the locking scans read `jobs_claim`.
+async fn counted_under_both_plans(conn: &mut PgConnection, args: &str) -> [bool; 2] {
+    let mut counted = [false; 2];
+    for (mode, slot) in ["force_custom_plan", "force_generic_plan"]
+        .into_iter()
+        .zip(&mut counted)
+    {
+        sqlx::query(sqlx::AssertSqlSafe(format!("SET plan_cache_mode = {mode}")))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let (ran, claim_index) = claim_explained(conn, args).await;
+        assert!(claim_index, "the locking scans read jobs_claim ({mode})");
+        *slot = ran;
+    }
+    counted
+}
+
+/// Locks the `nth` pending job of `kind` (see [`lock_nth`]) and claims past it: the
+/// claim takes all it asked for (`want`), the held job not among them. Returns the
+/// rows taken, the locking transaction, and the held job's id and run-after.
+async fn claim_past_held(
+    pool: &PgPool,
+    conn: &mut PgConnection,
+    args: &str,
+    (kind, nth): (&str, i64),
+    want: usize,
+) -> (
+    Vec<(i64, Option<f64>)>,
+    sqlx::Transaction<'static, sqlx::Postgres>,
+    i64,
+    f64,
+) {
+    let (held, held_id, held_at) = lock_nth(pool, kind, nth).await;
+    let taken = claim(conn, args).await;
+    assert_eq!(taken.len(), want);
+    assert!(taken.iter().all(|(id, _)| *id != held_id));
+    (taken, held, held_id, held_at)
+}
+
 /// The node of `plan` whose subplan name is `name`.
 fn find<'a>(plan: &'a Value, name: &str, out: &mut Option<&'a Value>) {
     if plan["Subplan Name"] == name {
@@ -129,27 +171,27 @@ async fn lock_nth(
 /// passed a held row reports it on every row it took of the range.
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn a_claim_counts_the_rows_it_passed_only_when_it_passed_one(pool: PgPool) {
-    backlog(&pool, &["cs.one"], 400).await;
+    backlog(&pool, &["cs.one"], 1_000).await;
     let mut conn = pool.acquire().await.unwrap();
     common::prepare_generic(&mut conn, "CLAIM", "c", PARAMETERS).await;
     let args = arguments(&["cs.one"], 100, 100);
-    let (counted, claim_index) = claim_explained(&mut conn, &args).await;
-    assert!(claim_index, "the locking scan reads jobs_claim");
-    assert!(
-        !counted,
-        "a claim that passed no row counted the rows it passed"
+    assert_eq!(
+        counted_under_both_plans(&mut conn, &args).await,
+        [false, false],
+        "a claim that passed no row counted the rows it passed (custom, generic plan)"
     );
 
-    let (held, held_id, held_at) = lock_nth(&pool, "cs.one", 10).await;
-    let taken = claim(&mut conn, &args).await;
-    assert_eq!(taken.len(), 100);
-    assert!(taken.iter().all(|(id, _)| *id != held_id));
+    let (taken, held, held_id, held_at) =
+        claim_past_held(&pool, &mut conn, &args, ("cs.one", 10), 100).await;
     assert!(
         taken.iter().all(|(_, back)| *back == Some(held_at)),
         "every row of the range reports the held row's run-after: {taken:?}"
     );
-    let (counted, _) = claim_explained(&mut conn, &args).await;
-    assert!(counted, "a claim that passed a held row did not count");
+    assert_eq!(
+        counted_under_both_plans(&mut conn, &args).await,
+        [true, true],
+        "a claim that passed a held row did not count (custom, generic plan)"
+    );
 
     held.rollback().await.unwrap();
     let taken = claim(&mut conn, &args).await;
@@ -168,17 +210,14 @@ async fn a_split_claim_counts_the_rows_it_passed_only_when_it_passed_one(pool: P
     let mut conn = pool.acquire().await.unwrap();
     common::prepare_generic(&mut conn, "CLAIM_SPLIT", "c", PARAMETERS).await;
     let args = arguments(&kinds, 100, 100);
-    let (counted, claim_index) = claim_explained(&mut conn, &args).await;
-    assert!(claim_index, "the locking scans read jobs_claim");
-    assert!(
-        !counted,
-        "a claim that passed no row counted the rows it passed"
+    assert_eq!(
+        counted_under_both_plans(&mut conn, &args).await,
+        [false, false],
+        "a claim that passed no row counted the rows it passed (custom, generic plan)"
     );
 
-    let (held, held_id, held_at) = lock_nth(&pool, "cs.a", 5).await;
-    let taken = claim(&mut conn, &args).await;
-    assert_eq!(taken.len(), 100);
-    assert!(taken.iter().all(|(id, _)| *id != held_id));
+    let (taken, held, _, held_at) =
+        claim_past_held(&pool, &mut conn, &args, ("cs.a", 5), 100).await;
     assert!(
         taken.iter().any(|(_, back)| *back == Some(held_at)),
         "the rows of the held row's range report it: {taken:?}"
