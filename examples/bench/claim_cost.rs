@@ -10,7 +10,9 @@
 //! the runtime's claim as it is sent; `JOBS_BENCH_CLAIM_ALT=<file>` (a claim taking the
 //! same eight parameters) is then measured beside the two, taking turns with them from
 //! the runtime's kind, and reported as "alternative"; `JOBS_BENCH_W9_SIZES=500,1000`
-//! limits the sizes.
+//! limits the sizes; `JOBS_BENCH_W9_KINDS=10` has the runtime's claim (and the
+//! alternative) take each size in equal shares of that many kinds, as a runtime claims
+//! ten busy kinds.
 
 use std::time::Instant;
 
@@ -59,18 +61,31 @@ pub async fn run(runs: usize) {
             .collect(),
         Err(_) => SIZES.to_vec(),
     };
+    let kinds: usize = std::env::var("JOBS_BENCH_W9_KINDS")
+        .map(|k| k.parse().expect("JOBS_BENCH_W9_KINDS: a number"))
+        .unwrap_or(1);
+    let kinds: Vec<String> = if kinds == 1 {
+        vec!["bench.noop".to_owned()]
+    } else {
+        (0..kinds).map(|k| format!("bench.k{k}")).collect()
+    };
     for &n in &sizes {
         let (mut ours, mut minimal, mut alt) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
             let pool = super::fresh_database(2).await;
             // The alternative claims from the runtime's kind too.
+            // Every kind gets as many rows as the minimal one, interleaved, as a batch
+            // spread over them enqueues them.
             let rows = i64::from(n) * CLAIMS as i64 * if alternative.is_some() { 2 } else { 1 };
+            let mut all = kinds.clone();
+            all.push("bench.minimal".to_owned());
             sqlx::query(
                 "INSERT INTO jobs (kind, payload, max_attempts)
                  SELECT k, jsonb_build_object('seq', g), 20
-                 FROM generate_series(1, $1) g, unnest('{bench.noop,bench.minimal}'::text[]) k",
+                 FROM generate_series(1, $1) g, unnest($2::text[]) k",
             )
             .bind(rows)
+            .bind(&all)
             .execute(&pool)
             .await
             .unwrap();
@@ -81,10 +96,10 @@ pub async fn run(runs: usize) {
             let mut conn = pool.acquire().await.unwrap();
             let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
             for i in 0..CLAIMS {
-                let t = timed(&mut conn, claim, n).await;
-                let u = timed(&mut conn, MINIMAL, n).await;
+                let t = timed(&mut conn, claim, n, &kinds).await;
+                let u = timed(&mut conn, MINIMAL, n, &kinds).await;
                 let v = match alternative {
-                    Some(statement) => Some(timed(&mut conn, statement, n).await),
+                    Some(statement) => Some(timed(&mut conn, statement, n, &kinds).await),
                     None => None,
                 };
                 if i >= WARM_UP {
@@ -126,9 +141,9 @@ pub async fn run(runs: usize) {
 }
 
 /// One claim of `n` jobs by `statement` (the runtime's claim, an alternative, or
-/// [`MINIMAL`]):
+/// [`MINIMAL`]), the first two from `kinds` in equal shares:
 /// microseconds from send to its last row. Panics if it took fewer than `n`.
-async fn timed(conn: &mut PgConnection, statement: &'static str, n: i32) -> f64 {
+async fn timed(conn: &mut PgConnection, statement: &'static str, n: i32, kinds: &[String]) -> f64 {
     let started = Instant::now();
     let taken = if statement == MINIMAL {
         let row = sqlx::query(MINIMAL)
@@ -139,10 +154,12 @@ async fn timed(conn: &mut PgConnection, statement: &'static str, n: i32) -> f64 
             .unwrap();
         row.get::<Vec<i64>, _>("ids").len()
     } else {
+        let k = i32::try_from(kinds.len()).unwrap();
+        let shares: Vec<i32> = (0..k).map(|i| n / k + i32::from(i < n % k)).collect();
         let rows = sqlx::query(statement)
-            .bind(vec!["bench.noop"])
-            .bind(vec![n])
-            .bind(vec![30_000_i64])
+            .bind(kinds)
+            .bind(shares)
+            .bind(vec![30_000_i64; kinds.len()])
             .bind(n)
             .bind(Vec::<f64>::new())
             .bind(uuid::Uuid::new_v4())

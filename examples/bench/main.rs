@@ -1,7 +1,7 @@
 //! The project's benchmark: enqueue, drain, pickup latency, backlog and scale-out.
 //!
 //! ```sh
-//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w1m w2 w2k w2s w3 w4 w5 w6 w7 w8 w8r w8p w9]
+//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w1m w2 w2k w2s w2s-one w2s-ten w3 w4 w5 w6 w7 w8 w8r w8p w9]
 //! cargo run --release --example bench -- horizon [--held 600] [--holder xid|readers]
 //! cargo run --release --example bench -- web [--rows 2000000] [--runs 9]
 //! cargo run --release --example bench -- failover [--rate 500] [--before 20] [--down 2] [--after 30]
@@ -11,7 +11,9 @@
 //! `postgres://postgres@127.0.0.1:5432/jobs_bench`). Prints a table and one JSON line
 //! per result; figures are medians of `--runs` runs. With `JOBS_BENCH_POOLER_URL` (the
 //! same database through a pooler in transaction mode), the runtimes connect through it,
-//! after `jobs::behind_transaction_pooler()`; the setup stays direct.
+//! after `jobs::behind_transaction_pooler()`; the setup stays direct. With
+//! `JOBS_BENCH_SETUP_SQL`, each fresh database runs that SQL after the migrations: a way
+//! to measure a changed index or setting beside the shipped schema before changing it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -200,6 +202,12 @@ async fn fresh_database(max_connections: u32) -> PgPool {
         .await
         .unwrap();
     jobs::migrate(&pool).await.unwrap();
+    if let Ok(setup) = std::env::var("JOBS_BENCH_SETUP_SQL") {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
+            .execute(&pool)
+            .await
+            .expect("JOBS_BENCH_SETUP_SQL");
+    }
     pool
 }
 
@@ -905,6 +913,9 @@ async fn main() {
                 w2(n, runs, false, &[10, 100], Claims::First(1), false).await;
                 w2(n, runs, false, &[10, 100], Claims::All, true).await;
             }
+            // One drain of each at concurrency 10, for statistics read per drain.
+            "w2s-one" => w2(n, runs, false, &[10], Claims::First(1), false).await,
+            "w2s-ten" => w2(n, runs, false, &[10], Claims::All, true).await,
             "w3" => {
                 w3(runs, Claims::All).await;
                 w3(runs, Claims::First(1)).await;
@@ -922,7 +933,9 @@ async fn main() {
             "w1m" => w1m(runs).await,
             "w9" => claim_cost::run(runs).await,
             other => {
-                panic!("unknown workload {other}: expected w1, w1m, w2, w2k, w2s, w3..w9, w8r, w8p")
+                panic!(
+                    "unknown workload {other}: expected w1, w1m, w2, w2k, w2s, w2s-one, w2s-ten, w3..w9, w8r, w8p"
+                )
             }
         }
     }
