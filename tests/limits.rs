@@ -1015,11 +1015,7 @@ async fn a_partitioned_claim_of_an_empty_kind_reads_no_other_kinds_backlog(pool:
     .execute(&pool)
     .await
     .unwrap();
-    let statement = jobs::__private::statements()
-        .into_iter()
-        .find(|(name, _)| *name == "CLAIM_PARTITIONED")
-        .unwrap()
-        .1;
+    let statement = common::statement("CLAIM_PARTITIONED");
     let mut tx = pool.begin().await.unwrap();
     sqlx::query("SET LOCAL plan_cache_mode = force_generic_plan")
         .execute(&mut *tx)

@@ -1524,7 +1524,7 @@ async fn renewals_and_completions_probe_their_claims_by_id_whatever_the_statisti
     ] {
         let run = |sql: String| sqlx::query(sqlx::AssertSqlSafe(sql));
         // Planned for its arguments at each execution, as the runtime sends it (unnamed).
-        run(format!("PREPARE s({types}) AS {}", statement(name)))
+        run(format!("PREPARE s({types}) AS {}", common::statement(name)))
             .execute(&mut *conn)
             .await
             .unwrap();
@@ -1580,7 +1580,7 @@ async fn the_next_due_time_counts_a_job_that_became_due_after_the_claim_looked(p
     .await
     .unwrap();
     let next_due = |window: f64| {
-        sqlx::query_scalar::<_, Option<f64>>(statement("NEXT_DUE"))
+        sqlx::query_scalar::<_, Option<f64>>(common::statement("NEXT_DUE"))
             .bind(vec!["rt.count"])
             .bind(window)
             .fetch_one(&pool)
@@ -1841,15 +1841,6 @@ async fn a_rerun_mark_is_not_left_behind_the_claims_floor(pool: PgPool) {
     rt.stop().await;
 }
 
-/// A statement of the crate, by its constant's name.
-fn statement(name: &str) -> &'static str {
-    jobs::__private::statements()
-        .into_iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, sql)| sql)
-        .unwrap()
-}
-
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn the_keeping_completion_leaves_a_claim_of_a_kind_without_history_to_the_delete(
     pool: PgPool,
@@ -1866,7 +1857,7 @@ async fn the_keeping_completion_leaves_a_claim_of_a_kind_without_history_to_the_
     .await
     .unwrap();
     let keep = |kept: bool| {
-        sqlx::query_as::<_, (i64, bool, bool)>(statement("COMPLETE_KEEP"))
+        sqlx::query_as::<_, (i64, bool, bool)>(common::statement("COMPLETE_KEEP"))
             .bind(vec![id])
             .bind(vec![token])
             .bind(vec![None::<i64>])
@@ -1892,11 +1883,7 @@ async fn the_keeping_completion_leaves_a_claim_of_a_kind_without_history_to_the_
 /// Runs the runtime's claim of up to `n` jobs of `kind` (no floors, no writers):
 /// each job's id and token.
 async fn claim_tokens(pool: &PgPool, kind: &str, n: i32) -> Vec<(i64, uuid::Uuid)> {
-    let sql = jobs::__private::statements()
-        .into_iter()
-        .find(|(name, _)| *name == "CLAIM")
-        .expect("CLAIM")
-        .1;
+    let sql = common::statement("CLAIM");
     let rows = sqlx::query(sql)
         .bind(vec![kind])
         .bind(vec![n])
