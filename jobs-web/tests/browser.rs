@@ -134,7 +134,8 @@ async fn serve(dashboard: Dashboard) -> String {
 
 impl Browser {
     /// Runs `act` on `css`'s element; a page that refreshes itself may replace the
-    /// element between finding it and acting on it, and then it is found again.
+    /// element between finding it and acting on it, or navigate while it is being
+    /// looked for (the browser then aborts the search), and then it is found again.
     async fn on<T, F, Fut>(&self, css: &str, act: F) -> T
     where
         F: Fn(fantoccini::elements::Element) -> Fut,
@@ -142,13 +143,22 @@ impl Browser {
     {
         let mut last = String::new();
         for _ in 0..20 {
-            let element = self
+            let found = self
                 .client
                 .wait()
                 .at_most(Duration::from_secs(30))
                 .for_element(Locator::Css(css))
-                .await
-                .unwrap_or_else(|e| panic!("no `{css}` on the page: {e}"));
+                .await;
+            let element = match found {
+                Ok(element) => element,
+                Err(e @ fantoccini::error::CmdError::WaitTimeout) => {
+                    panic!("no `{css}` on the page: {e}")
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    continue;
+                }
+            };
             match act(element).await {
                 Ok(value) => return value,
                 Err(e) => last = e.to_string(),
