@@ -224,3 +224,62 @@ async fn a_split_claim_counts_the_rows_it_passed_only_when_it_passed_one(pool: P
     );
     held.rollback().await.unwrap();
 }
+
+/// The claim reports each row's run-after by `date_part` (a `float8`), while the probe,
+/// `held_back` and the tests read it by `extract(...)::float8` (a `numeric`, rounded
+/// once): the floors are built from the one and compared with the other, so the two
+/// must agree to the last bit. For due run-afters at random microseconds over 35 years
+/// in the claim's own output, and for instants over 57 years in the functions
+/// themselves.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_claimed_run_after_is_the_same_float_as_extract_gives(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, run_after)
+         SELECT 'cs.times', '{}', 3,
+                timestamptz '1990-01-01' + floor(random() * 1.1e15) * interval '1 microsecond'
+         FROM generate_series(1, 1000)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let expected: std::collections::HashMap<i64, f64> =
+        sqlx::query_as("SELECT id, extract(epoch FROM run_after)::float8 FROM jobs")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    let rows = sqlx::query(common::statement("CLAIM"))
+        .bind(vec!["cs.times"])
+        .bind(vec![1_000_i32])
+        .bind(vec![60_000_i64])
+        .bind(1_000_i32)
+        .bind(Vec::<f64>::new())
+        .bind(uuid::Uuid::new_v4())
+        .bind(Vec::<i64>::new())
+        .bind(Vec::<f64>::new())
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1_000, "the claim took every job");
+    for row in &rows {
+        let (id, run_after): (i64, f64) = (row.get("id"), row.get("run_after"));
+        assert_eq!(
+            run_after.to_bits(),
+            expected[&id].to_bits(),
+            "job {id}: the claim reports {run_after}, extract gives {}",
+            expected[&id]
+        );
+    }
+
+    let differ: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT timestamptz '1990-01-01' + floor(random() * 1.8e15) * interval '1 microsecond' AS t
+             FROM generate_series(1, 200000)) s
+         WHERE date_part('epoch', t) IS DISTINCT FROM extract(epoch FROM t)::float8",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(differ, 0, "date_part and extract disagree on some instants");
+}

@@ -62,7 +62,10 @@ pub async fn run(runs: usize) {
         Err(_) => SIZES.to_vec(),
     };
     let kinds: usize = std::env::var("JOBS_BENCH_W9_KINDS")
-        .map(|k| k.parse().expect("JOBS_BENCH_W9_KINDS: a number"))
+        .map(|k| match k.parse() {
+            Ok(k) if k > 0 => k,
+            _ => panic!("JOBS_BENCH_W9_KINDS: a number of kinds, at least 1"),
+        })
         .unwrap_or(1);
     let kinds: Vec<String> = if kinds == 1 {
         vec!["bench.noop".to_owned()]
@@ -73,9 +76,9 @@ pub async fn run(runs: usize) {
         let (mut ours, mut minimal, mut alt) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
             let pool = super::fresh_database(2).await;
-            // The alternative claims from the runtime's kind too.
             // Every kind gets as many rows as the minimal one, interleaved, as a batch
-            // spread over them enqueues them.
+            // spread over them enqueues them; twice as many with an alternative, which
+            // claims from the runtime's kinds too.
             let rows = i64::from(n) * CLAIMS as i64 * if alternative.is_some() { 2 } else { 1 };
             let mut all = kinds.clone();
             all.push("bench.minimal".to_owned());

@@ -356,8 +356,9 @@ macro_rules! locking_scan {
 /// `extract` computes a `numeric`, and its two per row cost a claim 1.6 to 2.9 % (W9,
 /// claims of 500 and 1,000, two alternations). A run-after comes out as the same
 /// `float8` either way (both round its exact microseconds once: no difference in a
-/// million random instants), so it meets the floors, the probe and `held_back`, which
-/// use `extract`, exactly; a wait may differ in its last bit (it is only reported).
+/// million random instants; `tests/claim_statement.rs` checks the claim's output), so it
+/// meets the floors, the probe and `held_back`, which use `extract`, exactly; a wait may
+/// differ in its last bit (it is only reported).
 macro_rules! claimed {
     ($runtime:literal, $from:literal) => {
         claimed!(
