@@ -283,3 +283,60 @@ async fn a_claimed_run_after_is_the_same_float_as_extract_gives(pool: PgPool) {
     .unwrap();
     assert_eq!(differ, 0, "date_part and extract disagree on some instants");
 }
+
+/// Claims as `c` does, in a transaction it rolls back: the kinds of the rows taken, and
+/// the claim's `found`, sorted.
+async fn split_found(conn: &mut PgConnection, args: &str) -> (Vec<String>, Option<Vec<i64>>) {
+    sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!("EXECUTE c{args}")))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
+    let taken = rows
+        .iter()
+        .filter_map(|r| r.get::<Option<String>, _>("kind"))
+        .collect();
+    let found: Option<Vec<i64>> = rows[0].get("found");
+    (
+        taken,
+        found.map(|mut f| {
+            f.sort_unstable();
+            f
+        }),
+    )
+}
+
+/// What a split claim's `found` says: the kinds (places in its first argument, from 1)
+/// of which its unlocked pass found a job due, taken or not. Not a kind with jobs only
+/// in the future, nor one with none; but a kind whose jobs another transaction holds,
+/// and one the claim's total cut off before its turn. With nothing due anywhere it is
+/// empty, not NULL: the runtime counts every kind asked quiet then, and none on NULL.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_split_claim_reports_the_kinds_it_found_a_job_due_of(pool: PgPool) {
+    backlog(&pool, &["cs.busy", "cs.held", "cs.cut"], 3).await;
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, run_after)
+         SELECT 'cs.later', '{}', 3, now() + interval '1 hour' FROM generate_series(1, 3)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM jobs WHERE kind = 'cs.held' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    common::prepare_generic(&mut conn, "CLAIM_SPLIT", "c", PARAMETERS).await;
+    // A turn of two: the busy kind's first job, and the held kind's (whose scan then
+    // locks nothing); the cut kind's comes third. Each kind may take three.
+    let kinds = ["cs.busy", "cs.later", "cs.none", "cs.held", "cs.cut"];
+    let (taken, found) = split_found(&mut conn, &arguments(&kinds, 3, 2)).await;
+    assert_eq!(taken, ["cs.busy"], "what the claim took");
+    assert_eq!(found, Some(vec![1, 4, 5]), "the kinds found");
+    let (taken, found) = split_found(&mut conn, &arguments(&["cs.later", "cs.none"], 3, 2)).await;
+    assert!(taken.is_empty(), "nothing due: {taken:?}");
+    assert_eq!(found, Some(vec![]), "nothing due: found is empty");
+    holder.rollback().await.unwrap();
+}

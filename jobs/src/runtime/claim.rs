@@ -111,26 +111,33 @@ impl ClaimRow {
 pub(super) struct Taken {
     pub(super) rows: Vec<ClaimRow>,
     pub(super) snapshot: Option<Snapshot>,
+    /// For a split claim, the kinds (their places in the ask, from 1) of which its
+    /// unlocked pass found a job due: the others had none ([`sql::CLAIM_SPLIT`]).
+    pub(super) found: Option<Vec<i64>>,
 }
 
 impl Taken {
     fn read(rows: &[sqlx::postgres::PgRow]) -> Result<Taken, sqlx::Error> {
         use sqlx::Row;
-        let snapshot = match rows.first() {
-            Some(first) => Some(Snapshot {
-                at: first.try_get("at")?,
-                xmax: first.try_get("xmax")?,
-                writers: first.try_get("writers")?,
-                waiting: first.try_get("waiting")?,
-                since: first.try_get("since")?,
-            }),
-            None => None,
+        let (snapshot, found) = match rows.first() {
+            Some(first) => (
+                Some(Snapshot {
+                    at: first.try_get("at")?,
+                    xmax: first.try_get("xmax")?,
+                    writers: first.try_get("writers")?,
+                    waiting: first.try_get("waiting")?,
+                    since: first.try_get("since")?,
+                }),
+                first.try_get("found")?,
+            ),
+            None => (None, None),
         };
         let mut taken = Vec::with_capacity(rows.len());
         let Some(columns) = rows.first().map(Columns::of).transpose()? else {
             return Ok(Taken {
                 rows: taken,
                 snapshot,
+                found,
             });
         };
         for row in rows {
@@ -141,6 +148,7 @@ impl Taken {
         Ok(Taken {
             rows: taken,
             snapshot,
+            found,
         })
     }
 }
@@ -301,8 +309,17 @@ impl Seen {
     /// job due had its turn is quiet: the claim had room for more (`short`), or took a
     /// second job of some kind (a job of every kind precedes the second of any, at the
     /// same priority). A claim that ran out of room within the first turn leaves the
-    /// others as they were.
-    pub(super) fn note(&mut self, ask: &Ask, rows: &[ClaimRow], filled: bool) {
+    /// others as they were, but for the kinds a split claim's unlocked pass found no
+    /// job due of (`found`): those are quiet whatever the turns. Without that, a runtime
+    /// of many kinds starting on ten busy ones (a claim of ten, a job of each) asked
+    /// every kind again in split claims until its claims grew past the first turn.
+    pub(super) fn note(
+        &mut self,
+        ask: &Ask,
+        rows: &[ClaimRow],
+        filled: bool,
+        found: Option<&[i64]>,
+    ) {
         let (kinds, short) = (&ask.kinds, rows.len() < ask.want);
         self.split_short = short && !filled && ask.statement == sql::CLAIM_SPLIT;
         let mut taken: HashMap<&str, (usize, Option<i16>)> = HashMap::new();
@@ -316,14 +333,17 @@ impl Seen {
             }
         }
         let had_turn = short || taken.values().any(|(n, _)| *n >= 2);
-        for kind in kinds {
+        let none_due = |place: usize| {
+            found.is_some_and(|found| !found.contains(&i64::try_from(place + 1).unwrap_or(0)))
+        };
+        for (place, kind) in kinds.iter().enumerate() {
             if let Some((_, priority)) = taken.get(kind) {
                 self.quiet.remove(kind);
                 match priority {
                     Some(p) => self.priority.insert(kind, *p),
                     None => self.priority.remove(kind),
                 };
-            } else if had_turn {
+            } else if had_turn || none_due(place) {
                 self.quiet.insert(kind);
                 self.priority.remove(kind);
             }
@@ -447,7 +467,8 @@ pub(super) fn start(shared: &Arc<Shared>, row: ClaimRow, executors: &mut JoinSet
 
 #[cfg(test)]
 mod tests {
-    use super::{ClaimRow, claim_order, fair_shares};
+    use super::{Ask, ClaimRow, Seen, claim_order, fair_shares};
+    use crate::sql;
 
     fn row(id: i64, kind: &str, priority: i16, run_after: f64) -> ClaimRow {
         ClaimRow {
@@ -489,5 +510,37 @@ mod tests {
         assert_eq!(fair_shares(&[10, 500, 500], 300), vec![10, 145, 145]);
         assert_eq!(fair_shares(&[10, 20, 500], 300), vec![10, 20, 270]);
         assert_eq!(fair_shares(&[1, 1, 1], 2), vec![1, 1, 0]);
+    }
+
+    /// A claim of two over five kinds took a job of `a` and one of `c`: all it asked
+    /// for, within the first turn, so the turns say nothing of the others. A split
+    /// claim whose unlocked pass found jobs of `a`, `c` and `e` makes `b` and `d`
+    /// quiet, and leaves `e` (cut before its turn) as it was; the plain claim, which
+    /// reports nothing, leaves all three.
+    #[test]
+    fn kinds_a_split_claim_found_nothing_of_are_quiet_within_the_first_turn() {
+        let kinds = vec!["a", "b", "c", "d", "e"];
+        for (statement, found, quiet) in [
+            (sql::CLAIM_SPLIT, Some(&[1_i64, 3, 5][..]), vec!["b", "d"]),
+            (sql::CLAIM, None, vec![]),
+        ] {
+            let ask = Ask {
+                kinds: kinds.clone(),
+                limits: vec![2; 5],
+                leases: vec![60_000; 5],
+                floors: Vec::new(),
+                writers: (Vec::new(), Vec::new()),
+                want: 2,
+                statement,
+            };
+            let mut seen = Seen::default();
+            let rows = [row(1, "a", 0, 1.0), row(2, "c", 0, 1.0)];
+            seen.note(&ask, &rows, true, found);
+            let mut got: Vec<&str> = seen.quiet.iter().copied().collect();
+            got.sort_unstable();
+            let what = if found.is_some() { "split" } else { "plain" };
+            assert_eq!(got, quiet, "quiet after the {what} claim");
+            assert_eq!(seen.priority.get("a"), Some(&0), "a is busy at priority 0");
+        }
     }
 }

@@ -534,13 +534,17 @@ impl Producer {
             start_rows(&shared, &self.executors, std::mem::take(&mut self.claimed)),
         );
         match answer {
-            Ok(Taken { rows, snapshot }) => {
+            Ok(Taken {
+                rows,
+                snapshot,
+                found,
+            }) => {
                 self.backoff = claim_backoff();
                 if !rows.is_empty() {
                     self.rates.claimed(self.claim_sent.elapsed());
                 }
                 self.more = ask.filled(&rows);
-                self.seen.note(&ask, &rows, self.more);
+                self.seen.note(&ask, &rows, self.more, found.as_deref());
                 self.hold(rows, snapshot, &ask.kinds);
                 if !self.more {
                     // Idle next: start the rows, and let their executors (each waiting
