@@ -42,6 +42,11 @@ impl Paused {
                 }
                 for kind in self.kinds.difference(&kinds) {
                     tracing::info!(job.kind = %kind, "kind resumed");
+                    // Its jobs came without a wake-up that asked for it: the next
+                    // claim asks for it, quiet or not.
+                    if let Some((&kind, _)) = shared.handlers.get_key_value(kind.as_str()) {
+                        shared.notified.lock().expect("lock poisoned").insert(kind);
+                    }
                 }
                 self.kinds = kinds;
                 let set: Vec<super::global::Set> = rows
