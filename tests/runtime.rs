@@ -1601,59 +1601,6 @@ async fn the_next_due_time_counts_a_job_that_became_due_after_the_claim_looked(p
     assert!(later > 3_000.0, "{later}");
 }
 
-/// The next-due query's `writers`: whether another transaction in progress holds a
-/// write or row lock on the job table and has written (it may yet make a job pending
-/// without a notification). Not one that only holds the table's lock without having
-/// written: a transaction that has committed holds its locks a moment longer and is
-/// seen that way, by a runtime its notification woke, which then claimed every kind
-/// again. One that inserted a job, or locked one, counts until it ends.
-#[sqlx::test(migrator = "jobs::MIGRATOR")]
-async fn the_next_due_query_counts_writers_that_have_written(pool: PgPool) {
-    sqlx::query("INSERT INTO jobs (kind, payload, max_attempts) VALUES ('rt.count', '{}', 3)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let writers = || async {
-        let (_, writers): (Option<f64>, bool) = sqlx::query_as(common::statement("NEXT_DUE"))
-            .bind(vec!["rt.count"])
-            .bind(0.002)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        writers
-    };
-    assert!(!writers().await, "no other transaction");
-    let statements = [
-        ("LOCK TABLE jobs IN ROW EXCLUSIVE MODE", false),
-        (
-            "INSERT INTO jobs (kind, payload, max_attempts) VALUES ('rt.count', '{}', 3)",
-            true,
-        ),
-        (
-            "SELECT id FROM jobs WHERE kind = 'rt.count' LIMIT 1 FOR UPDATE",
-            true,
-        ),
-    ];
-    for (statement, counts) in statements {
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query(statement).execute(&mut *tx).await.unwrap();
-        assert_eq!(writers().await, counts, "while open: {statement}");
-        // A later transaction ends: the open one's xid is now below the snapshot's
-        // `xmax`, among its in-progress xids.
-        sqlx::query("INSERT INTO jobs (kind, payload, max_attempts) VALUES ('rt.other', '{}', 3)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        assert_eq!(
-            writers().await,
-            counts,
-            "while open, after a later commit: {statement}"
-        );
-        tx.rollback().await.unwrap();
-        assert!(!writers().await, "once ended: {statement}");
-    }
-}
-
 #[derive(Job, Serialize, Deserialize)]
 #[job(kind = "rt.behind")]
 struct Behind {

@@ -204,31 +204,13 @@ SELECT coalesce((SELECT array_agg(id ORDER BY id) FROM plain), '{}'::bigint[]),
 /// Such a commit sends no notification when the producer's enqueue skipped it (one per
 /// kind every few milliseconds), and a rollback that frees a locked row sends none: an
 /// idle runtime looks again within a few milliseconds while one is open (`producer`).
-///
-/// Only a transaction still in progress at this statement's snapshot counts, by the xid
-/// it holds beside its lock on `jobs` (`pg_locks` gives 32 bits of it: it is placed
-/// within 2^31 of the snapshot's `xmax`, as PostgreSQL compares xids). One that has
-/// committed releases its locks only after it has ended, and sends its notifications
-/// before that, so a runtime its notification woke found the notifying enqueue still
-/// holding its lock (seen in a test), and claimed every kind after each notification.
-/// One that holds a lock on `jobs` but has no xid has written nothing yet; once it
-/// writes, it has one. Reads `pg_locks` once (about 0.1 ms).
+/// Reads `pg_locks` (about 0.1 ms).
 macro_rules! writers {
     () => {
         concat!(
-            "EXISTS (
-        WITH l AS MATERIALIZED (SELECT * FROM pg_locks),
-             sn AS MATERIALIZED (SELECT pg_current_snapshot() AS s,
-                                        pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax)
-        SELECT 1 FROM sn, l JOIN l t ON t.virtualtransaction = l.virtualtransaction
-        WHERE ",
+            "EXISTS (SELECT 1 FROM pg_locks l WHERE ",
             write_lock_on_jobs!(),
-            " AND l.pid <> pg_backend_pid()
-          AND t.locktype = 'transactionid' AND t.granted
-          AND NOT pg_visible_in_snapshot(
-                (sn.xmax - (((sn.xmax - t.transactionid::text::bigint) % 4294967296
-                             + 6442450944) % 4294967296 - 2147483648))::text::xid8,
-                sn.s))"
+            " AND l.pid <> pg_backend_pid())"
         )
     };
 }
