@@ -677,3 +677,98 @@ async fn a_quiet_kinds_job_without_a_notification_starts_while_another_kind_is_b
         "the quiet kind's job waited for the busy kind's backlog: {left} jobs of it were left"
     );
 }
+
+/// Whether the snoozing job has snoozed once.
+static SNOOZED: AtomicBool = AtomicBool::new(false);
+
+/// A job that, on its first run, waits 20 ms (its kind turns quiet meanwhile: the
+/// claim just after the enqueue's notification finds nothing more of it), enqueues a
+/// job of another kind, and snoozes with no delay.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.snooze")]
+struct SnoozeOnce {}
+
+#[jobs::handler]
+async fn snooze_once(_job: SnoozeOnce, ctx: JobContext) -> Result<(), JobError> {
+    if !SNOOZED.swap(true, Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Other {}.enqueue(ctx.pool()).await?;
+        return Err(JobError::snooze(Duration::ZERO));
+    }
+    Ok(())
+}
+
+/// A job made claimable again inside the runtime (here a snooze; also a retry, an
+/// expired claim taken back, a periodic job armed) wakes the idle producer for its
+/// kind. Here its kind has turned quiet, and the claims around the snooze ask for
+/// another kind (its job, enqueued just before, is notified and then busy): each is
+/// sent after the snooze, so the next-due query, which looks back only to the last
+/// claim, does not see the snoozed job either. Unless the wake names the kind, the job
+/// waits for the poll (an hour here); the claim just after a notification asked for
+/// every kind and found it, until it asked only for the kinds named. (The probe of
+/// quiet kinds, every 50 ms at most, also finds it when it runs: on a machine slow
+/// enough that the handler ends 50 ms after its start, this test passes either way.)
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_job_snoozed_without_delay_runs_at_once_though_its_kind_turned_quiet(pool: PgPool) {
+    // Room for more than the jobs: each claim comes back short, and the runtime idles.
+    let rt = Running::start(
+        runtime(&pool, &["pk.snooze", "pk.other"])
+            .concurrency(10)
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    // The runtime's first claims, and the poll's first tick, are behind it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    SnoozeOnce {}.enqueue(&pool).await.unwrap();
+    wait_until("the snoozed job run again", || async {
+        SNOOZED.load(Ordering::SeqCst) && live_of(&pool, "pk.snooze").await == 0
+    })
+    .await;
+    assert_eq!(
+        live_of(&pool, "pk.other").await,
+        0,
+        "the other kind's job ran"
+    );
+    rt.stop().await;
+}
+
+/// How many times the re-run job has run.
+static RERUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A keyed job that, on its first run, waits 20 ms, marks itself for a re-run (an
+/// enqueue of its key while it runs), and enqueues a job of another kind.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.rerun", key = "key")]
+struct RerunOnce {
+    key: String,
+}
+
+#[jobs::handler]
+async fn rerun_once(job: RerunOnce, ctx: JobContext) -> Result<(), JobError> {
+    if RERUNS.fetch_add(1, Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        RerunOnce { key: job.key }.enqueue(ctx.pool()).await?;
+        Other {}.enqueue(ctx.pool()).await?;
+    }
+    Ok(())
+}
+
+/// As the snoozed job above, a job that its completion sends back to pending (a re-run
+/// mark) runs again at once, though its kind turned quiet while it ran and the claims
+/// around its completion asked for another kind: the completer's wake-up names the
+/// kinds of what it wrote.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_job_marked_for_a_rerun_runs_again_at_once_though_its_kind_turned_quiet(pool: PgPool) {
+    let rt = Running::start(
+        runtime(&pool, &["pk.rerun", "pk.other"])
+            .concurrency(10)
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    RerunOnce { key: "k".into() }.enqueue(&pool).await.unwrap();
+    wait_until("the re-run done", || async {
+        RERUNS.load(Ordering::SeqCst) >= 2 && live_of(&pool, "pk.rerun").await == 0
+    })
+    .await;
+    assert_eq!(RERUNS.load(Ordering::SeqCst), 2, "one run, one re-run");
+    rt.stop().await;
+}

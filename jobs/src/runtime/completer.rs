@@ -26,6 +26,9 @@ use crate::sql;
 pub(crate) struct Completion {
     pub id: i64,
     pub token: Uuid,
+    /// The job's kind: the producer's wake-up names it when the completion may have
+    /// made the job claimable again.
+    pub kind: &'static str,
     /// The kind keeps done rows (`retain`).
     pub keep: bool,
     /// The kind's period, for periodic kinds.
@@ -51,6 +54,7 @@ impl Completion {
         Completion {
             id: job.id,
             token: job.token,
+            kind: job.kind,
             keep: job.config.retain.is_some(),
             every_ms: job.next_run_ms(),
             limited: None,
@@ -454,13 +458,14 @@ impl Completer {
     /// A written round: its flights end (the heartbeat stops renewing them), except
     /// those whose row another transaction holds, which wait for the next round.
     fn settle(&mut self, written: &Written) {
-        // A re-armed, re-run or refused job may be claimable now; a completion that only
-        // waits for a locked row is not news.
+        // A re-armed, re-run or refused job may be claimable now, of a kind of the round
+        // (all of them are named: the test is per round); a completion that only waits
+        // for a locked row is not news.
         if written.again
             || self.batch.iter().any(|c| c.keep || c.every_ms.is_some())
             || written.done.len() + written.locked.len() < self.batch.len()
         {
-            self.freed.wake.notify_one();
+            self.freed.wake.name(self.batch.iter().map(|c| c.kind));
         }
         let mut flights = self.flights.lock().expect("lock poisoned");
         let (handed, short) = &mut self.handed;

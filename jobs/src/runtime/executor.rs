@@ -201,7 +201,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     );
     let completer_writes = finish(&shared, &inner, job.claimed_at, outcome).await;
     if may_be_due {
-        shared.wake.notify_one();
+        shared.wake.name([handler.kind]);
     }
     completer_writes
 }

@@ -239,7 +239,7 @@ pub(crate) struct Freed {
     /// Kinds with shares free that this runtime does not take, to announce.
     others: Mutex<HashSet<&'static str>>,
     /// The producer's wake-up.
-    pub(super) wake: Arc<Notify>,
+    pub(super) wake: Arc<super::Wake>,
     /// The announcer's.
     signal: Notify,
     /// Jobs that completions claimed for the shares they freed ([`sql::HAND_OFF`]),
@@ -250,7 +250,7 @@ pub(crate) struct Freed {
 }
 
 impl Freed {
-    pub(super) fn new(wake: Arc<Notify>) -> Self {
+    pub(super) fn new(wake: Arc<super::Wake>) -> Self {
         Freed {
             here: Mutex::default(),
             others: Mutex::default(),
@@ -265,7 +265,7 @@ impl Freed {
     /// written): the producer claims the share.
     pub(crate) fn mark(&self, kind: &'static str) {
         self.here.lock().expect("lock poisoned").insert(kind);
-        self.wake.notify_one();
+        self.wake.signal();
     }
 
     /// The kinds [`mark`](Self::mark)ed since the last call.

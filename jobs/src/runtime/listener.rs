@@ -54,12 +54,11 @@ pub(super) async fn run(shared: Arc<Shared>) {
                         }
                     } else if notification.channel() == PAUSE_CHANNEL {
                         shared.paused_changed.store(true, Ordering::Release);
-                        shared.wake.notify_one();
+                        shared.wake.signal();
                     } else if let Some((&kind, _)) =
                         shared.handlers.get_key_value(notification.payload())
                     {
-                        shared.notified.lock().expect("lock poisoned").insert(kind);
-                        shared.wake.notify_one();
+                        shared.wake.name([kind]);
                     }
                 }
                 Ok(None) => {
@@ -79,12 +78,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
 
 /// Wakes the producer to claim every kind: notifications may have been missed.
 fn catch_up(shared: &Shared) {
-    shared
-        .notified
-        .lock()
-        .expect("lock poisoned")
-        .extend(shared.handlers.keys().copied());
-    shared.wake.notify_one();
+    shared.wake.name(shared.handlers.keys().copied());
 }
 
 async fn connect(shared: &Shared) -> Result<PgListener, sqlx::Error> {

@@ -354,9 +354,8 @@ impl Runtime {
             })
             .collect();
         let limits = global::effective(&handlers, &[]);
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(Wake::default());
         let shared = Arc::new(Shared {
-            notified: Mutex::new(std::collections::HashSet::new()),
             renewing,
             why_not: Arc::new(Mutex::new(None)),
             runtime_id: uuid::Uuid::new_v4(),
@@ -819,11 +818,47 @@ async fn shutdown_signal() {
     }
 }
 
+/// The producer's wake-up, and the kinds the wake-ups named since it last looked: a
+/// notification of an enqueue (`listener`), or a job of the kind made claimable inside
+/// the runtime (a snooze, a retry, a re-run mark completed, an expired claim taken
+/// back, a periodic job armed). The next claim asks for a named kind even if it is
+/// quiet, and so does the claim that follows shortly after an idle runtime's wake-up
+/// (`producer`), which asks only for the kinds named: a wake-up that named no kind
+/// found a snoozed job of a quiet kind only at the next poll.
+#[derive(Default)]
+pub(crate) struct Wake {
+    signal: Notify,
+    named: Mutex<std::collections::HashSet<&'static str>>,
+}
+
+impl Wake {
+    /// Wakes the producer for `kinds`.
+    pub(crate) fn name(&self, kinds: impl IntoIterator<Item = &'static str>) {
+        self.named().extend(kinds);
+        self.signal.notify_one();
+    }
+
+    /// Wakes the producer without naming a kind (an operator's pause or resume; a
+    /// share freed, whose kind the producer names itself).
+    pub(crate) fn signal(&self) {
+        self.signal.notify_one();
+    }
+
+    /// The kinds named since the producer last took them.
+    pub(crate) fn named(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashSet<&'static str>> {
+        self.named.lock().expect("lock poisoned")
+    }
+
+    /// Resolves at the next wake-up.
+    pub(crate) fn woken(&self) -> tokio::sync::futures::Notified<'_> {
+        self.signal.notified()
+    }
+}
+
 /// State shared by the runtime's tasks.
 pub(crate) struct Shared {
-    /// The kinds notified since the producer last looked (`listener`): a quiet kind is
-    /// claimed at once when one of its jobs is enqueued.
-    notified: Mutex<std::collections::HashSet<&'static str>>,
     /// Whether the heartbeat can renew leases now (it has its connection, and its last
     /// renewal answered): the producer claims, and executors start handlers, only then.
     renewing: watch::Receiver<bool>,
@@ -850,8 +885,8 @@ pub(crate) struct Shared {
     stopping: watch::Receiver<bool>,
     /// A claim ended: capacity is free again.
     slot_freed: Notify,
-    /// Work may be claimable: a notification arrived or claims were rescued.
-    wake: Arc<Notify>,
+    /// Work may be claimable: the producer's wake-up, with the kinds it names.
+    wake: Arc<Wake>,
     /// The listener connected again after losing its connection: the database may be
     /// back, so a claim loop waiting out an outage tries at once.
     reconnected: Notify,

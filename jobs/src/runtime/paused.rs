@@ -45,7 +45,7 @@ impl Paused {
                     // Its jobs came without a wake-up that asked for it: the next
                     // claim asks for it, quiet or not.
                     if let Some((&kind, _)) = shared.handlers.get_key_value(kind.as_str()) {
-                        shared.notified.lock().expect("lock poisoned").insert(kind);
+                        shared.wake.named().insert(kind);
                     }
                 }
                 self.kinds = kinds;

@@ -99,7 +99,7 @@ async fn arm_periodic(shared: &Shared, periodic: &[&'static HandlerInfo]) -> boo
         match result {
             Ok(r) if r.rows_affected() > 0 => {
                 tracing::debug!(job.kind = info.kind, "armed periodic job");
-                shared.wake.notify_one();
+                shared.wake.name([info.kind]);
             }
             Ok(_) => {}
             Err(e) => {

@@ -27,10 +27,12 @@
 //!    notification, claim once more a moment later, since producers send one
 //!    notification per kind every few milliseconds. While another transaction holds a
 //!    write or row lock on the job table, sleep `WRITERS_POLL` at most: it may commit a
-//!    job (or free a locked one) without a notification. A notification, and the
-//!    claim that follows it, ask for the kinds it names; the poll and a job due, for
-//!    every kind; any other wake-up, for every kind but the quiet ones with a limit
-//!    (each such claim is a transaction).
+//!    job (or free a locked one) without a notification. A wake-up names its kinds (a
+//!    notification's, or those of jobs made claimable inside the runtime: a snooze, a
+//!    retry, a re-run, a rescue, a periodic job; `super::Wake`), and its claim and the
+//!    one that follows ask for them; the poll and a job due, for every kind; any other
+//!    wake-up, for every kind but the quiet ones with a limit (each such claim is a
+//!    transaction).
 //! 4. **Gather**: work is waiting but some capacity is taken: give running handlers a
 //!    moment (`BATCH_WINDOW`) to free more, so that the claim fetches a batch instead of
 //!    a job or two.
@@ -290,7 +292,7 @@ impl Producer {
         if here.is_empty() && self.at_limit.is_empty() {
             return here;
         }
-        let mut notified = self.shared.notified.lock().expect("lock poisoned");
+        let mut notified = self.shared.wake.named();
         notified.extend(here.iter().copied());
         let now = Instant::now();
         self.at_limit.retain(|kind, until| {
@@ -399,7 +401,7 @@ impl Producer {
         tokio::select! {
             _ = self.shared.slot_freed.notified() => {}
             () = sleep_if(paused, wait.min(self.shared.poll_interval)) => {}
-            _ = self.shared.wake.notified(), if paused => {}
+            _ = self.shared.wake.woken(), if paused => {}
             _ = self.shared.freed.handed_signal.notified() => {}
             _ = self.stop.changed() => {}
         }
@@ -447,7 +449,7 @@ impl Producer {
         let left = |d: Duration| d.saturating_sub(slept.elapsed());
         let woke = loop {
             tokio::select! {
-                _ = self.shared.wake.notified() => break Woke::Named,
+                _ = self.shared.wake.woken() => break Woke::Named,
                 _ = self.poll.tick() => break Woke::Any,
                 () = sleep_until_due(due.map(left)) => {
                     break if writers_only { Woke::Unlimited } else { Woke::Any }
@@ -462,7 +464,7 @@ impl Producer {
             }
         };
         let follow_up = std::mem::take(&mut self.follow_up);
-        let notified = || self.shared.notified.lock().expect("lock poisoned");
+        let notified = || self.shared.wake.named();
         match woke {
             // What the follow-up asks for again.
             Woke::Named => self.follow_up = notified().iter().copied().collect(),
@@ -645,7 +647,7 @@ impl Producer {
         if limited && limits.is_empty() {
             return Vec::new();
         }
-        let mut notified = self.shared.notified.lock().expect("lock poisoned");
+        let mut notified = self.shared.wake.named();
         per_kind
             .iter()
             .filter(|(info, free)| {
@@ -808,7 +810,7 @@ impl Producer {
         }
         match found {
             Ok(found) => {
-                let mut notified = self.shared.notified.lock().expect("lock poisoned");
+                let mut notified = self.shared.wake.named();
                 for (kind, priority, run_after) in &found {
                     if let Some((&kind, _)) = self.shared.handlers.get_key_value(kind.as_str()) {
                         self.floors.lower(kind, *priority, *run_after);
@@ -842,7 +844,8 @@ fn batched(kinds: &[(&'static HandlerInfo, usize, super::global::Limit)]) -> boo
 /// What ended an idle wait, and so which quiet kinds the next claim asks for.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Woke {
-    /// A notification, or a kind's limit that may have room again: the kinds named.
+    /// A notification, a job made claimable inside the runtime, or a kind's limit that
+    /// may have room again: the kinds named (`super::Wake`).
     Named,
     /// The poll, a job due by its time: every kind.
     Any,

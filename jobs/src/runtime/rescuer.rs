@@ -56,9 +56,11 @@ pub(super) async fn run(shared: Arc<Shared>, every: Duration) {
                     // now rather than at the poll (`global`).
                     if let Some((&kind, _)) = shared.handlers.get_key_value(kind.as_str()) {
                         shared.ended_run(kind);
+                        if state == "pending" {
+                            shared.wake.name([kind]);
+                        }
                     }
                 }
-                shared.wake.notify_one();
             }
             Err(e) => {
                 let error = super::connections::why(&shared, &e).await;
