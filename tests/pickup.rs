@@ -4,7 +4,8 @@
 //! of jobs of the same kind, so that the runtime's claims (and their floors) move past
 //! the job while it cannot be seen or taken, and polls once an hour: the job must be
 //! found by the claims themselves, not by the probe behind the floors, which runs once
-//! at the start and then once per poll interval.
+//! at the start and then once per poll interval. One more has no stream: the runtime is
+//! idle when the row it passed is freed.
 //!
 //! Also: jobs start in priority order over a backlog, and a runtime of several kinds
 //! claims a busy kind's jobs as a one-kind runtime does.
@@ -770,5 +771,83 @@ async fn a_job_marked_for_a_rerun_runs_again_at_once_though_its_kind_turned_quie
     })
     .await;
     assert_eq!(RERUNS.load(Ordering::SeqCst), 2, "one run, one re-run");
+    rt.stop().await;
+}
+
+/// Whether the held jobs may end.
+static RELEASE: AtomicBool = AtomicBool::new(false);
+
+/// A job that records its start, then runs until the test lets it end (so that no
+/// completion writes to the table meanwhile).
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.hold")]
+struct Hold {
+    n: i64,
+}
+
+#[jobs::handler]
+async fn hold(job: Hold, ctx: JobContext) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO started (n) VALUES ($1)")
+        .bind(job.n)
+        .execute(ctx.pool())
+        .await?;
+    while !RELEASE.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+/// An idle runtime's claim passes a row another transaction holds, and that
+/// transaction ends just after the claim, before the runtime looks for what is due
+/// next: no writer is left to see, and the row lies behind the claim's floor (it is
+/// older than the claim). The runtime must still claim it at once, not at the poll.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_row_released_just_after_an_idle_runtimes_claim_passed_it_starts_at_once(pool: PgPool) {
+    setup(&pool).await;
+    // A first job: the runtime's floors, and its one look behind them, come and go
+    // before the rest (the next look is an hour away).
+    let rt = hourly(&pool, &["pk.hold"]);
+    Hold { n: 0 }.enqueue(&pool).await.unwrap();
+    wait_until("the first job starts", || async {
+        started(&pool, 0).await == 1
+    })
+    .await;
+    jobs::admin::pause_forced(&pool, "pk.hold").await.unwrap();
+    let held = Hold { n: 1 }.enqueue(&pool).await.unwrap().id;
+    let mut locker = pool.acquire().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; SELECT id FROM jobs WHERE id = {held} FOR UPDATE"
+    )))
+    .execute(&mut *locker)
+    .await
+    .unwrap();
+    // Due in a moment: claimed by a claim of its own time, with no notification (and
+    // so no follow-up claim after it).
+    let due = Hold { n: 2 }
+        .enqueue_with(
+            &pool,
+            EnqueueOptions::new().delay(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap()
+        .id;
+    jobs::admin::resume(&pool, "pk.hold").await.unwrap();
+    // The locker ends as soon as the claim that takes job 2 has committed (it passed
+    // job 1 on its way).
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DO $$ BEGIN
+             WHILE NOT EXISTS (SELECT 1 FROM jobs WHERE id = {due} AND state = 'running') LOOP
+             END LOOP;
+         END $$;
+         ROLLBACK"
+    )))
+    .execute(&mut *locker)
+    .await
+    .unwrap();
+    wait_until("the released job starts", || async {
+        started(&pool, 1).await == 1
+    })
+    .await;
+    RELEASE.store(true, Ordering::SeqCst);
     rt.stop().await;
 }

@@ -1583,6 +1583,7 @@ async fn the_next_due_time_counts_a_job_that_became_due_after_the_claim_looked(p
         sqlx::query_scalar::<_, Option<f64>>(common::statement("NEXT_DUE"))
             .bind(vec!["rt.count"])
             .bind(window)
+            .bind(Vec::<i64>::new())
             .fetch_one(&pool)
     };
     // Before the first job is due: the time until it.

@@ -1223,7 +1223,12 @@ CROSS JOIN LATERAL (
 /// How long until the next job of the kinds `$1` becomes due (seconds, on the database
 /// clock; NULL when none is scheduled): an idle runtime sleeps until then, so a retry, a
 /// snooze or a scheduled job starts on time rather than at the next poll. And whether
-/// another transaction holds a write or row lock on `jobs` (`writers!`).
+/// another transaction holds a write or row lock on `jobs` (`writers!`), and `ended`:
+/// which of the writers `$3` (xids, those the runtime's last claim saw in progress) have
+/// ended since. Such a writer may have committed rows the claim could not see, or freed
+/// a row the claim passed while it held it, and no other writer may be left to say so:
+/// the runtime claims again shortly (the claim's floor stayed at the row it passed), and
+/// its probe looks behind the floors from the writer's time.
 ///
 /// `$2` is how long ago (seconds) the claim before it was sent, plus a margin: a job
 /// that became due in that window came after that claim's `now()`, so the claim could
@@ -1249,7 +1254,9 @@ SELECT (SELECT extract(epoch FROM min(n.run_after) - now())::float8
         ) n) AS due,
        "#,
     writers!(),
-    r#" AS writers
+    r#" AS writers,
+       ARRAY(SELECT x FROM unnest($3::bigint[]) AS x
+             WHERE pg_visible_in_snapshot(x::text::xid8, pg_current_snapshot())) AS ended
 "#
 );
 

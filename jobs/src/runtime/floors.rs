@@ -20,9 +20,12 @@
 //!   (the claims do not wait for that walk: a writer of a minute under load leaves a
 //!   minute of claimed jobs' entries to walk), lowering a floor to what it finds. A
 //!   writer that runs for minutes holds no floor back meanwhile: its rows cannot be
-//!   seen until it ends. An application's transaction that commits late re-stamps the
-//!   rows it made pending (migration 13): they are found by the claims at once, and
-//!   the look behind finds nothing of them;
+//!   seen until it ends. One that ends while the runtime is idle (just after a claim
+//!   passed a row it held, say) is seen ended by the next-due query, and the runtime
+//!   claims again shortly, as if a writer were at work (`Floors::ended`). An
+//!   application's transaction that commits late re-stamps the rows it made pending
+//!   (migration 13): they are found by the claims at once, and the look behind finds
+//!   nothing of them;
 //! - `waiting`: a statement on the table waits for a lock (an enqueue waiting for its
 //!   key's lock): it has no xid yet, and its run-after dates from before the wait, so
 //!   the floors stay below the wait's start while it lasts.
@@ -73,6 +76,9 @@ pub(super) struct Floors {
     /// The writers the last claim reported, each with the time its rows may date from,
     /// less the lag.
     writers: HashMap<i64, f64>,
+    /// The writers of `writers` that an idle runtime has seen ended since the last
+    /// claim ([`Self::ended`]).
+    seen_ended: Vec<i64>,
     /// From when the next probe looks behind the floors: the earliest time a writer
     /// that ended since the last probe may have written from.
     owed: Option<f64>,
@@ -124,6 +130,7 @@ impl Floors {
             }
         }
         // Date the writers first seen, before this claim's own snapshot is kept.
+        self.seen_ended.clear();
         let known = std::mem::take(&mut self.writers);
         self.writers = snapshot
             .writers
@@ -156,6 +163,23 @@ impl Floors {
             let floor = self.at.entry(range).or_insert(f64::NEG_INFINITY);
             *floor = floor.max(to.min(cap) - lag);
         }
+    }
+
+    /// Whether any of the writers `xids`, which an idle runtime's next-due query saw
+    /// ended (`sql::NEXT_DUE`), is one the last claim reported and not yet seen ended:
+    /// the runtime then claims again soon, and that claim, given the writers, looks
+    /// behind the floors from their time as any claim that sees one end. Each counts
+    /// once: if no claim follows (every kind without a limit paused), the runtime does
+    /// not keep waking for it.
+    pub(super) fn ended(&mut self, xids: &[i64]) -> bool {
+        let mut new = false;
+        for x in xids {
+            if self.writers.contains_key(x) && !self.seen_ended.contains(x) {
+                self.seen_ended.push(*x);
+                new = true;
+            }
+        }
+        new
     }
 
     /// Owes a look behind the floors from `since` (a writer that has ended may have
@@ -319,6 +343,24 @@ mod tests {
         f.owe(1.5);
         assert_eq!(f.take_owed(), Some(0.9));
         assert_eq!(f.take_owed(), None);
+    }
+
+    #[test]
+    fn a_writer_seen_ended_between_claims_counts_once_until_the_next_claim() {
+        let mut f = Floors::default();
+        f.after_claim(&snap(1.0, 100, &[], None), &[row(0.5, None)]);
+        f.after_claim(&snap(2.0, 110, &[105, 107], None), &[row(1.5, None)]);
+        // Not reported by the claim.
+        assert!(!f.ended(&[99]));
+        assert!(f.ended(&[105]));
+        assert!(!f.ended(&[105]), "once only");
+        assert!(f.ended(&[105, 107]));
+        // Kept for the next claim, which looks behind from their time.
+        assert_eq!(f.writers().0.len(), 2);
+        assert_eq!(f.take_owed(), None);
+        // A claim that still sees 107 in progress: it may end again.
+        f.after_claim(&snap(3.0, 120, &[107], Some(0.9)), &[row(2.5, None)]);
+        assert!(f.ended(&[107]));
     }
 
     #[test]

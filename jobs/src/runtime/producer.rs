@@ -26,8 +26,9 @@
 //!    somewhere, `listener`), the poll interval, or the probe's answer; and just after a
 //!    notification, claim once more a moment later, since producers send one
 //!    notification per kind every few milliseconds. While another transaction holds a
-//!    write or row lock on the job table, sleep `WRITERS_POLL` at most: it may commit a
-//!    job (or free a locked one) without a notification. A wake-up names its kinds (a
+//!    write or row lock on the job table, or once one that the last claim saw has ended,
+//!    sleep `WRITERS_POLL` at most: it may commit a job (or free a locked one) without a
+//!    notification. A wake-up names its kinds (a
 //!    notification's, or those of jobs made claimable inside the runtime: a snooze, a
 //!    retry, a re-run, a rescue, a periodic job; `super::Wake`), and its claim and the
 //!    one that follows ask for them; the poll and a job due, for every kind; any other
@@ -421,7 +422,13 @@ impl Producer {
     /// right after a wake-up, until a moment later at most.
     async fn idle(&mut self, per_kind: &[(&'static HandlerInfo, usize)]) {
         let window = self.claim_sent.elapsed() + NEXT_DUE_MARGIN;
-        let (real_due, writers) = next_due(&self.shared, &mut self.conn, per_kind, window).await;
+        let seen = self.floors.writers().0;
+        let (real_due, writers, ended) =
+            next_due(&self.shared, &mut self.conn, per_kind, &seen, window).await;
+        // A writer the last claim saw has ended since (it may have freed a row that claim
+        // passed while it held it, or committed rows behind the floors), perhaps leaving
+        // no other writer to see: claim again as while one writes.
+        let writers = self.floors.ended(&ended) || writers;
         let due = if writers {
             Some(real_due.map_or(WRITERS_POLL, |d| d.min(WRITERS_POLL)))
         } else {
@@ -877,14 +884,15 @@ fn claim_backoff() -> Backoff {
 
 /// How long until the next job of the kinds with free capacity becomes due, on the
 /// database clock (`None` if none is scheduled or the database does not answer: then
-/// the poll covers it), and whether another transaction holds a write or row lock on
-/// the job table.
+/// the poll covers it), whether another transaction holds a write or row lock on the
+/// job table, and which of the writers `seen` (xids) have ended.
 async fn next_due(
     shared: &Shared,
     conn: &mut Option<HeldConn>,
     per_kind: &[(&'static HandlerInfo, usize)],
+    seen: &[i64],
     window: Duration,
-) -> (Option<Duration>, bool) {
+) -> (Option<Duration>, bool, Vec<i64>) {
     let kinds: Vec<&str> = per_kind
         .iter()
         .filter(|(_, free)| *free > 0)
@@ -894,22 +902,24 @@ async fn next_due(
         let held = HeldConn::get(conn, &shared.db).await?;
         crate::pooler::alone!(
             &mut *held.conn,
-            crate::pooler::query_as::<_, (Option<f64>, bool)>(sql::NEXT_DUE)
+            crate::pooler::query_as::<_, (Option<f64>, bool, Vec<i64>)>(sql::NEXT_DUE)
                 .bind(&kinds)
-                .bind(window.as_secs_f64()),
+                .bind(window.as_secs_f64())
+                .bind(seen),
             fetch_one
         )
         .await
     };
     match super::answer_within(shared.answer_within, "the next due time", query).await {
-        Ok((seconds, writers)) => (
+        Ok((seconds, writers, ended)) => (
             seconds.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0))),
             writers,
+            ended,
         ),
         Err(e) => {
             *conn = None;
             tracing::debug!(error = %crate::error::server_message(&e), "cannot read when the next job is due; polling");
-            (None, false)
+            (None, false, Vec::new())
         }
     }
 }
