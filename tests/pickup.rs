@@ -851,3 +851,45 @@ async fn a_row_released_just_after_an_idle_runtimes_claim_passed_it_starts_at_on
     RELEASE.store(true, Ordering::SeqCst);
     rt.stop().await;
 }
+
+/// A kind with a limit across runtimes: its claims are transactions of their own.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.capped", global_concurrency = 5)]
+struct Capped {
+    n: i64,
+}
+
+#[jobs::handler]
+async fn capped(job: Capped, ctx: JobContext) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO started (n) VALUES ($1)")
+        .bind(job.n)
+        .execute(ctx.pool())
+        .await?;
+    Ok(())
+}
+
+/// The only job of a kind with a global limit is held by another transaction when the
+/// kind is claimed (so that claim finds nothing it can take), and freed by a rollback,
+/// which notifies no one. It starts then, not at the poll.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_limited_kinds_row_freed_while_the_runtime_idles_starts_at_once(pool: PgPool) {
+    setup(&pool).await;
+    let rt = hourly(&pool, &["pk.capped"]);
+    jobs::admin::pause_forced(&pool, "pk.capped").await.unwrap();
+    let held = Capped { n: 1 }.enqueue(&pool).await.unwrap().id;
+    let mut locker = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(held)
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    jobs::admin::resume(&pool, "pk.capped").await.unwrap();
+    let_claims_pass().await;
+    assert_eq!(started(&pool, 1).await, 0, "held: not claimed");
+    locker.rollback().await.unwrap();
+    wait_until("the freed job starts", || async {
+        started(&pool, 1).await == 1
+    })
+    .await;
+    rt.stop().await;
+}

@@ -726,12 +726,17 @@ macro_rules! claims_without_floors {
 /// held to less than it asked for (`mark` = `cut`; `wait`, when the rate held it, the
 /// seconds until its window has room again; otherwise its next claim waits for one of
 /// its jobs to end), or that took all it asked for while the limits had room for more
-/// (`spare`: another runtime may take the rest).
+/// (`spare`: another runtime may take the rest), or that took less than its limits
+/// allowed while a job of it was due that the scans passed, another transaction
+/// holding its row (`held`, in place of `cut`: the limits did not hold it back; the
+/// runtime claims the kind again shortly, for as long as it reports so, since a
+/// rollback that frees the row notifies no one).
 ///
 /// Index: `jobs_running (kind, id) WHERE state = 'running'` for the count (at most the
 /// limit's rows); `jobs_starts_kind_at` for the window's sum and the delete (a range
-/// each); `jobs_claim` for the scans, one range per (kind, priority); the primary key
-/// for the update.
+/// each); `jobs_claim` for the scans, one range per (kind, priority), and again for
+/// `held`, only for a kind that took less than it could: the first due entry of each
+/// priority not taken; the primary key for the update.
 pub(crate) const CLAIM_LIMITED: &str = concat!(
     r#"
 WITH wanted AS MATERIALIZED (
@@ -766,13 +771,31 @@ expired AS (
     USING wanted w
     WHERE w.rate_ms IS NOT NULL AND s.kind = w.kind
       AND s.at <= statement_timestamp() - w.rate_ms * interval '1 millisecond'
+),
+held AS MATERIALIZED (
+    SELECT w.ord
+    FROM wanted w
+    WHERE (SELECT count(*) FROM picked p WHERE p.ord = w.ord) < w.n
+      AND EXISTS (
+          SELECT 1
+          FROM generate_series(0, 9) AS p(priority)
+          CROSS JOIN LATERAL (
+              SELECT 1 FROM jobs j
+              WHERE j.state = 'pending' AND j.kind = w.kind
+                AND j.priority = p.priority::smallint AND j.run_after <= now()
+                AND j.id <> ALL (ARRAY(SELECT id FROM picked))
+              ORDER BY j.run_after, j.id
+              LIMIT 1
+          ) h)
 )
 SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
        c.run_after, c.priority, NULL AS mark, NULL::float8 AS wait
 FROM claimed c
 UNION ALL
 SELECT NULL, w.kind, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       CASE WHEN w.n < w.asked THEN 'cut' ELSE 'spare' END,
+       CASE WHEN w.ord IN (SELECT ord FROM held) THEN 'held'
+            WHEN w.n < w.asked THEN 'cut'
+            ELSE 'spare' END,
        CASE WHEN w.n < w.asked AND w.starts <= coalesce(w.shares, w.starts)
             THEN extract(epoch FROM coalesce(w.oldest, statement_timestamp())
                                     + w.rate_ms * interval '1 millisecond'
@@ -780,6 +803,7 @@ SELECT NULL, w.kind, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        END
 FROM wanted w
 WHERE w.n < w.asked
+   OR w.ord IN (SELECT ord FROM held)
    OR (least(w.shares, w.starts) > w.asked
        AND (SELECT count(*) FROM picked p WHERE p.ord = w.ord) = w.asked)
 "#

@@ -92,6 +92,9 @@ pub(super) struct Taken {
     /// (None: its concurrency did, and a job's end frees a share).
     pub(super) cut: Vec<(String, Option<Duration>)>,
     pub(super) spare: Vec<String>,
+    /// The kinds that took less than their limits allowed while a due job of theirs
+    /// was held by another transaction.
+    pub(super) held: Vec<String>,
 }
 
 /// One row of [`sql::CLAIM_LIMITED`]: a claimed job, or a kind's mark.
@@ -99,6 +102,7 @@ enum LimitedRow {
     Job(ClaimRow),
     Cut(String, Option<Duration>),
     Spare(String),
+    Held(String),
 }
 
 impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
@@ -110,6 +114,7 @@ impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
                 let wait = wait.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0)));
                 return Ok(LimitedRow::Cut(row.try_get("kind")?, wait));
             }
+            Some("held") => return Ok(LimitedRow::Held(row.try_get("kind")?)),
             Some(_) => return Ok(LimitedRow::Spare(row.try_get("kind")?)),
             None => {}
         }
@@ -175,12 +180,14 @@ pub(super) async fn claim(
         rows: Vec::with_capacity(rows.len()),
         cut: Vec::new(),
         spare: Vec::new(),
+        held: Vec::new(),
     };
     for row in rows {
         match row {
             LimitedRow::Job(row) => taken.rows.push(row),
             LimitedRow::Cut(kind, wait) => taken.cut.push((kind, wait)),
             LimitedRow::Spare(kind) => taken.spare.push(kind),
+            LimitedRow::Held(kind) => taken.held.push(kind),
         }
     }
     Ok(taken)

@@ -427,8 +427,9 @@ impl Producer {
             next_due(&self.shared, &mut self.conn, per_kind, &seen, window).await;
         // A writer the last claim saw has ended since (it may have freed a row that claim
         // passed while it held it, or committed rows behind the floors), perhaps leaving
-        // no other writer to see: claim again as while one writes.
-        let writers = self.floors.ended(&ended) || writers;
+        // no other writer to see; or a kind with a limit left a due job held: claim
+        // again as while one writes.
+        let writers = self.floors.ended(&ended) || writers || !self.seen.held.is_empty();
         let due = if writers {
             Some(real_due.map_or(WRITERS_POLL, |d| d.min(WRITERS_POLL)))
         } else {
@@ -611,12 +612,18 @@ impl Producer {
                 }
                 for (info, n, _) in &asks {
                     let took = taken.rows.iter().filter(|r| r.kind == info.kind).count();
+                    self.seen.held.remove(info.kind);
                     if let Some((_, wait)) = taken.cut.iter().find(|(k, _)| k == info.kind) {
                         // The rate's window frees at a known time; a share, when a job
                         // ends (a notification), with the poll as the backstop.
                         let until = wait.unwrap_or(self.shared.poll_interval);
                         self.at_limit.insert(info.kind, Instant::now() + until);
                         self.seen.quiet.remove(info.kind);
+                    } else if taken.held.iter().any(|k| k == info.kind) {
+                        // A job of it is due, its row held by another transaction,
+                        // whose end notifies no one: ask again while idle.
+                        self.seen.quiet.remove(info.kind);
+                        self.seen.held.insert(info.kind);
                     } else if took < *n {
                         self.seen.quiet.insert(info.kind);
                     } else {
