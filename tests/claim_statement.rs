@@ -1,6 +1,7 @@
 //! The claim statements read alone: what they report of the rows their locking scans
 //! passed while another transaction held them, and that they count nothing when their
-//! scans passed none (the count reads every row taken once more).
+//! scans passed none (the count reads every row taken once more); and the kinds a claim
+//! of kinds with a limit marks as holding a due job it could not take.
 
 mod common;
 
@@ -339,4 +340,101 @@ async fn a_split_claim_reports_the_kinds_it_found_a_job_due_of(pool: PgPool) {
     assert!(taken.is_empty(), "nothing due: {taken:?}");
     assert_eq!(found, Some(vec![]), "nothing due: found is empty");
     holder.rollback().await.unwrap();
+}
+
+/// The marks of a claim of kinds with a limit (`CLAIM_LIMITED`), by kind, and how
+/// many jobs it took of each; run in a transaction rolled back after.
+async fn limited_marks(
+    pool: &PgPool,
+    kinds: &[&str],
+    asked: i32,
+    limit: i32,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let mut tx = pool.begin().await.unwrap();
+    let n = vec![asked; kinds.len()];
+    let lease = vec![60_000_i64; kinds.len()];
+    let lim = vec![limit; kinds.len()];
+    let none_i32: Vec<Option<i32>> = vec![None; kinds.len()];
+    let none_i64: Vec<Option<i64>> = vec![None; kinds.len()];
+    let rows = sqlx::query(common::statement("CLAIM_LIMITED"))
+        .bind(kinds)
+        .bind(&n)
+        .bind(&lease)
+        .bind(&lim)
+        .bind(uuid::Uuid::new_v4())
+        .bind(&none_i32)
+        .bind(&none_i64)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let mut marks = Vec::new();
+    let mut taken = Vec::new();
+    for row in rows {
+        let kind: String = row.get("kind");
+        match row.get::<Option<String>, _>("mark") {
+            Some(mark) => marks.push((kind, mark)),
+            None => taken.push(kind),
+        }
+    }
+    marks.sort();
+    taken.sort();
+    (marks, taken)
+}
+
+/// A claim of kinds with a limit that takes less than the limits allow, while a due job
+/// of the kind is held by another transaction, marks the kind `held` (the runtime asks
+/// it again shortly: the rollback that frees the row notifies no one), in place of
+/// `cut` (the limit did not hold it back). A kind that simply had fewer due jobs, or
+/// whose held job is not due yet, is not marked; one the limit held back is `cut`.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_limited_claim_marks_a_kind_whose_due_job_another_transaction_holds(pool: PgPool) {
+    backlog(&pool, &["a", "b", "c"], 2).await;
+    // A job of "d" not due yet, held.
+    let future: i64 = sqlx::query_scalar(
+        "INSERT INTO jobs (kind, payload, max_attempts, run_after)
+         VALUES ('d', '{}', 3, now() + interval '1 hour') RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let (held_a, _, _) = lock_nth(&pool, "a", 1).await;
+    let (held_c, _, _) = lock_nth(&pool, "c", 2).await;
+    let mut held_d = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(future)
+        .execute(&mut *held_d)
+        .await
+        .unwrap();
+    // Room for 5 of each: "a" takes 1 and passed 1 (held), "b" takes both (fewer
+    // than it could: no mark), "c" takes 1 and passed 1, "d" has nothing due.
+    let (marks, taken) = limited_marks(&pool, &["a", "b", "c", "d"], 5, 5).await;
+    assert_eq!(
+        marks,
+        [
+            ("a".to_owned(), "held".to_owned()),
+            ("c".to_owned(), "held".to_owned())
+        ]
+    );
+    assert_eq!(taken, ["a", "b", "b", "c"]);
+    // More slots than the limit: the limit did not hold "a" back (it took 1 of 5).
+    let (marks, _) = limited_marks(&pool, &["a"], 10, 5).await;
+    assert_eq!(marks, [("a".to_owned(), "held".to_owned())]);
+    // A limit of 1: "a" and "c" take their one free job and the limit holds them back
+    // (cut), their held jobs notwithstanding.
+    let (marks, _) = limited_marks(&pool, &["a", "b", "c", "d"], 5, 1).await;
+    assert_eq!(
+        marks
+            .iter()
+            .map(|(k, m)| format!("{k}:{m}"))
+            .collect::<Vec<_>>(),
+        ["a:cut", "b:cut", "c:cut", "d:cut"]
+    );
+    // Released: nothing is held.
+    held_a.rollback().await.unwrap();
+    held_c.rollback().await.unwrap();
+    held_d.rollback().await.unwrap();
+    let (marks, taken) = limited_marks(&pool, &["a", "b", "c", "d"], 5, 5).await;
+    assert_eq!(marks, []);
+    assert_eq!(taken.len(), 6);
 }
