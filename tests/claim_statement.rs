@@ -438,3 +438,46 @@ async fn a_limited_claim_marks_a_kind_whose_due_job_another_transaction_holds(po
     assert_eq!(marks, []);
     assert_eq!(taken.len(), 6);
 }
+
+/// `CLAIM_PARTITIONED`'s mark, and the jobs it took, for a claim of up to 5 jobs of
+/// kind "p" (partitioned by `tenant`, at most 5 running each), rolled back after.
+async fn partitioned_mark(pool: &PgPool) -> (Option<String>, usize) {
+    let mut tx = pool.begin().await.unwrap();
+    let rows = sqlx::query(common::statement("CLAIM_PARTITIONED"))
+        .bind("p")
+        .bind(5_i32)
+        .bind(60_000_i64)
+        .bind(5_i32)
+        .bind(uuid::Uuid::new_v4())
+        .bind(vec!["tenant"])
+        .bind(None::<i32>)
+        .bind(None::<i64>)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let mark = rows.iter().find_map(|r| r.get::<Option<String>, _>("mark"));
+    let taken = rows
+        .iter()
+        .filter(|r| r.get::<Option<i64>, _>("id").is_some())
+        .count();
+    (mark, taken)
+}
+
+/// The same for a kind whose limits hold per partition: a job it chose but could not
+/// lock marks it `held`.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_partitioned_claim_marks_a_kind_whose_chosen_job_another_transaction_holds(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts)
+         SELECT 'p', jsonb_build_object('tenant', 't' || g), 3 FROM generate_series(1, 2) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(partitioned_mark(&pool).await, (None, 2));
+    let (held, _, _) = lock_nth(&pool, "p", 1).await;
+    assert_eq!(partitioned_mark(&pool).await, (Some("held".to_owned()), 1));
+    held.rollback().await.unwrap();
+    assert_eq!(partitioned_mark(&pool).await, (None, 2));
+}

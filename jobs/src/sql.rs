@@ -864,7 +864,9 @@ macro_rules! partition_of {
 /// Returns what [`CLAIM_LIMITED`] returns: the rows, and `cut` when it took less than
 /// `$2` while some partition was at a limit (the next claim waits for a job of the kind
 /// to end, or, with `wait`, until the first partition at its rate has room again), or
-/// `spare` when it took all `$2`.
+/// `spare` when it took all `$2`, or `held` when it took less than `$2` and less than
+/// it chose: a row chosen was locked by another transaction (`CLAIM_LIMITED` says why
+/// that matters).
 ///
 /// Index: `jobs_running` for the count per partition (reading each running row's
 /// `part`, or its payload where an older runtime claimed it); `jobs_starts_kind_at`
@@ -956,13 +958,16 @@ SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.wait
 FROM claimed c
 UNION ALL
 SELECT NULL, $1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       CASE WHEN (SELECT count(*) FROM picked) >= $2 THEN 'spare' ELSE 'cut' END,
+       CASE WHEN (SELECT count(*) FROM picked) >= $2 THEN 'spare'
+            WHEN (SELECT count(*) FROM picked) < (SELECT count(*) FROM chosen) THEN 'held'
+            ELSE 'cut' END,
        CASE WHEN (SELECT count(*) FROM picked) < $2 THEN
            (SELECT extract(epoch FROM min(s.oldest) + $8 * interval '1 millisecond'
                                       - statement_timestamp())::float8
             FROM started s WHERE s.c >= $7)
        END
 WHERE (SELECT count(*) FROM picked) >= $2
+   OR (SELECT count(*) FROM picked) < (SELECT count(*) FROM chosen)
    OR EXISTS (SELECT 1 FROM running WHERE c >= $4)
    OR EXISTS (SELECT 1 FROM started WHERE c >= $7)
    OR EXISTS (SELECT 1 FROM ranked WHERE id IS NOT NULL AND NOT fits)
