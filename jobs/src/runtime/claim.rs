@@ -289,10 +289,6 @@ pub(super) struct Seen {
     pub(super) priority: HashMap<&'static str, i16>,
     /// Whether the last claim was split and took less than it asked for.
     pub(super) split_short: bool,
-    /// The kinds with a limit whose last claim passed a due job another transaction
-    /// held (`held`, [`sql::CLAIM_LIMITED`]): not quiet, and an idle runtime looks again
-    /// shortly, as while a writer works, until a claim of the kind reports none.
-    pub(super) held: HashSet<&'static str>,
 }
 
 impl Seen {

@@ -12,11 +12,13 @@
 //!    rate) that has room and is not quiet, or that a notification named, is claimed at
 //!    once in a transaction of its own (`super::global`), without the wait for a batch
 //!    (the limit bounds what it takes); a kind whose limit holds per partition claims
-//!    ahead and waits for a batch as in step 4. A kind its limit cut waits aside (`at_limit`)
-//!    until a notification names it (one of its jobs ended: the runtime that ends one
-//!    claims the share first, and tells the others only of what it leaves), or its
-//!    rate's window has room, or a poll interval has passed. The other steps never
-//!    ask for such a kind. A kind whose one limit is its global concurrency mostly
+//!    ahead and waits for a batch as in step 4. A kind its limit cut waits aside
+//!    (`at_limit`) until a notification names it (one of its jobs ended: the runtime
+//!    that ends one claims the share first, and tells the others only of what it
+//!    leaves), or its rate's window has room, or a poll interval has passed; a kind
+//!    whose claim passed a due job another transaction held, `WRITERS_POLL` (the
+//!    rollback that frees the row notifies no one). The other steps never ask for such
+//!    a kind. A kind whose one limit is its global concurrency mostly
 //!    skips this step: the completion of each of its jobs claims the next one in the
 //!    same statement (`sql::HAND_OFF`, in the completer), and the producer starts what
 //!    it is handed at its next turn, or at once while it waits.
@@ -217,10 +219,11 @@ struct Producer {
     seen: Seen,
     /// When the probe last asked whether a quiet kind has a job due.
     quiet_asked: Instant,
-    /// The kinds with a limit that their last claim found at it, and until when: not
-    /// claimed again until a notification names the kind (one of its jobs ended
-    /// somewhere, or one was enqueued) or that moment (when its rate's window has room
-    /// again; a poll interval, for a concurrency).
+    /// The kinds with a limit that their last claim found at it, or holding a due job
+    /// another transaction held, and until when: not claimed again until a notification
+    /// names the kind (one of its jobs ended somewhere, or one was enqueued) or that
+    /// moment (when its rate's window has room again; a poll interval, for a
+    /// concurrency; `WRITERS_POLL` for a held job).
     at_limit: HashMap<&'static str, Instant>,
 }
 
@@ -427,9 +430,8 @@ impl Producer {
             next_due(&self.shared, &mut self.conn, per_kind, &seen, window).await;
         // A writer the last claim saw has ended since (it may have freed a row that claim
         // passed while it held it, or committed rows behind the floors), perhaps leaving
-        // no other writer to see; or a kind with a limit left a due job held: claim
-        // again as while one writes.
-        let writers = self.floors.ended(&ended) || writers || !self.seen.held.is_empty();
+        // no other writer to see: claim again as while one writes.
+        let writers = self.floors.ended(&ended) || writers;
         let due = if writers {
             Some(real_due.map_or(WRITERS_POLL, |d| d.min(WRITERS_POLL)))
         } else {
@@ -612,7 +614,6 @@ impl Producer {
                 }
                 for (info, n, _) in &asks {
                     let took = taken.rows.iter().filter(|r| r.kind == info.kind).count();
-                    self.seen.held.remove(info.kind);
                     if let Some((_, wait)) = taken.cut.iter().find(|(k, _)| k == info.kind) {
                         // The rate's window frees at a known time; a share, when a job
                         // ends (a notification), with the poll as the backstop.
@@ -621,9 +622,11 @@ impl Producer {
                         self.seen.quiet.remove(info.kind);
                     } else if taken.held.iter().any(|k| k == info.kind) {
                         // A job of it is due, its row held by another transaction,
-                        // whose end notifies no one: ask again while idle.
+                        // whose end notifies no one: ask again shortly, as while a
+                        // writer works.
+                        self.at_limit
+                            .insert(info.kind, Instant::now() + WRITERS_POLL);
                         self.seen.quiet.remove(info.kind);
-                        self.seen.held.insert(info.kind);
                     } else if took < *n {
                         self.seen.quiet.insert(info.kind);
                     } else {
