@@ -31,8 +31,13 @@ struct Work {
 
 #[jobs::handler]
 async fn work(job: Work, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, job.n).await
+}
+
+/// Records that job `n` started (`started`).
+async fn record(ctx: &JobContext, n: i64) -> Result<(), JobError> {
     sqlx::query("INSERT INTO started (n) VALUES ($1)")
-        .bind(job.n)
+        .bind(n)
         .execute(ctx.pool())
         .await?;
     Ok(())
@@ -97,6 +102,17 @@ impl Drop for Stream {
     }
 }
 
+/// Locks job `id` in a transaction of its own, and returns the transaction.
+async fn lock(pool: &PgPool, id: i64) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx
+}
+
 /// Lets the stream's claims move the floors well past what was enqueued until now.
 async fn let_claims_pass() {
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -144,12 +160,7 @@ async fn a_job_locked_while_claims_passed_it_starts_when_released(pool: PgPool) 
         Other {}.enqueue(&pool).await.unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut locker = pool.begin().await.unwrap();
-    sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE")
-        .bind(ids[4].id)
-        .execute(&mut *locker)
-        .await
-        .unwrap();
+    let locker = lock(&pool, ids[4].id).await;
     jobs::admin::resume(&pool, "pk.job").await.unwrap();
     let stream = Stream::start(&pool);
     wait_until("the backlog but the locked job runs", || async {
@@ -787,10 +798,7 @@ struct Hold {
 
 #[jobs::handler]
 async fn hold(job: Hold, ctx: JobContext) -> Result<(), JobError> {
-    sqlx::query("INSERT INTO started (n) VALUES ($1)")
-        .bind(job.n)
-        .execute(ctx.pool())
-        .await?;
+    record(&ctx, job.n).await?;
     while !RELEASE.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -861,11 +869,7 @@ struct Capped {
 
 #[jobs::handler]
 async fn capped(job: Capped, ctx: JobContext) -> Result<(), JobError> {
-    sqlx::query("INSERT INTO started (n) VALUES ($1)")
-        .bind(job.n)
-        .execute(ctx.pool())
-        .await?;
-    Ok(())
+    record(&ctx, job.n).await
 }
 
 /// The only job of a kind with a global limit is held by another transaction when the
@@ -877,12 +881,7 @@ async fn a_limited_kinds_row_freed_while_the_runtime_idles_starts_at_once(pool: 
     let rt = hourly(&pool, &["pk.capped"]);
     jobs::admin::pause_forced(&pool, "pk.capped").await.unwrap();
     let held = Capped { n: 1 }.enqueue(&pool).await.unwrap().id;
-    let mut locker = pool.begin().await.unwrap();
-    sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE")
-        .bind(held)
-        .execute(&mut *locker)
-        .await
-        .unwrap();
+    let locker = lock(&pool, held).await;
     jobs::admin::resume(&pool, "pk.capped").await.unwrap();
     let_claims_pass().await;
     assert_eq!(started(&pool, 1).await, 0, "held: not claimed");
