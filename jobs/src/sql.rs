@@ -1269,10 +1269,17 @@ CROSS JOIN LATERAL (
 ///
 /// Index: `jobs_claim (kind, priority, run_after, id) WHERE state = 'pending'`, one
 /// probe per kind and priority at the first entry past the window's start.
+///
+/// The kinds are read through a scalar subquery, which hides the array's length from
+/// the planner: seen, a plan made for each call's array looked cheaper than the kept
+/// generic plan for a runtime of one or a few kinds, and PostgreSQL planned every call
+/// (W3 with one kind, `pg_stat_statements`: 411 plans in 410 calls, 0.25 ms of
+/// planning against 0.06 ms of execution; now 6 plans in 412 calls). The generic plan
+/// is the same nested loop of index probes.
 pub(crate) const NEXT_DUE: &str = concat!(
     r#"
 SELECT (SELECT extract(epoch FROM min(n.run_after) - now())::float8
-        FROM unnest($1::text[]) AS k(kind)
+        FROM unnest((SELECT $1::text[])) AS k(kind)
         CROSS JOIN generate_series(0, 9) AS p(priority)
         CROSS JOIN LATERAL (
             SELECT run_after FROM jobs
