@@ -18,10 +18,10 @@
 //!    leaves), or its rate's window has room, or a poll interval has passed; a kind
 //!    whose claim passed a due job another transaction held, `WRITERS_POLL` (the
 //!    rollback that frees the row notifies no one). The other steps never ask for such
-//!    a kind. A kind whose one limit is its global concurrency mostly
-//!    skips this step: the completion of each of its jobs claims the next one in the
-//!    same statement (`sql::HAND_OFF`, in the completer), and the producer starts what
-//!    it is handed at its next turn, or at once while it waits.
+//!    a kind. A kind whose one limit is its global concurrency mostly skips this step:
+//!    the completion of each of its jobs claims the next one in the same statement
+//!    (`sql::HAND_OFF`, in the completer), and the producer starts what it is handed at
+//!    its next turn, or at once while it waits.
 //! 3. **Idle**: the last claim took less than it asked for, so nothing more is waiting.
 //!    Ask the database when the next scheduled job of these kinds is due
 //!    ([`sql::NEXT_DUE`]), then sleep until that moment, a notification (an enqueue
@@ -30,12 +30,11 @@
 //!    notification per kind every few milliseconds. While another transaction holds a
 //!    write or row lock on the job table, or once one that the last claim saw has ended,
 //!    sleep `WRITERS_POLL` at most: it may commit a job (or free a locked one) without a
-//!    notification. A wake-up names its kinds (a
-//!    notification's, or those of jobs made claimable inside the runtime: a snooze, a
-//!    retry, a re-run, a rescue, a periodic job; `super::Wake`), and its claim and the
-//!    one that follows ask for them; the poll and a job due, for every kind; any other
-//!    wake-up, for every kind but the quiet ones with a limit (each such claim is a
-//!    transaction).
+//!    notification. A wake-up names its kinds (a notification's, or those of jobs made
+//!    claimable inside the runtime: a snooze, a retry, a re-run, a rescue, a periodic
+//!    job; `super::Wake`), and its claim and the one that follows ask for them; the
+//!    poll and a job due, for every kind; any other wake-up, for every kind but the
+//!    quiet ones with a limit (each such claim is a transaction).
 //! 4. **Gather**: work is waiting but some capacity is taken: give running handlers a
 //!    moment (`BATCH_WINDOW`) to free more, so that the claim fetches a batch instead of
 //!    a job or two.
