@@ -1602,6 +1602,38 @@ async fn the_next_due_time_counts_a_job_that_became_due_after_the_claim_looked(p
     assert!(later > 3_000.0, "{later}");
 }
 
+/// A writer the last claim saw ends while the next-due query runs, after the query's
+/// snapshot was taken and before it read the locks: the query must still say so (as a
+/// writer at work, or as one ended), or the idle runtime sleeps until the poll. The
+/// query is made slow (many kinds to probe) and the writer rolls back during it.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_writer_ending_while_the_next_due_query_runs_is_reported(pool: PgPool) {
+    let mut writer = pool.begin().await.unwrap();
+    let xid: i64 = sqlx::query_scalar(
+        "INSERT INTO jobs (kind, payload, max_attempts) VALUES ('rt.writer', '{}', 3) \
+         RETURNING pg_current_xact_id()::text::bigint",
+    )
+    .fetch_one(&mut *writer)
+    .await
+    .unwrap();
+    let kinds: Vec<String> = (0..20_000).map(|i| format!("rt.many{i}")).collect();
+    let mut conn = pool.acquire().await.unwrap();
+    let query = sqlx::query_as::<_, (Option<f64>, bool, Vec<i64>)>(common::statement("NEXT_DUE"))
+        .bind(&kinds)
+        .bind(0.002_f64)
+        .bind(vec![xid])
+        .fetch_one(&mut *conn);
+    let end = async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        writer.rollback().await.unwrap();
+    };
+    let ((_, writers, ended), ()) = tokio::join!(async { query.await.unwrap() }, end);
+    assert!(
+        writers || ended == [xid],
+        "the writer neither at work nor ended: writers {writers}, ended {ended:?}"
+    );
+}
+
 /// The next-due query of a runtime of one kind is planned once for all, like that of a
 /// runtime of many: PostgreSQL keeps a prepared statement's generic plan only when it
 /// looks no dearer than the plans made for each call, and with the array of kinds seen

@@ -1257,7 +1257,15 @@ CROSS JOIN LATERAL (
 /// ended since. Such a writer may have committed rows the claim could not see, or freed
 /// a row the claim passed while it held it, and no other writer may be left to say so:
 /// the runtime claims again shortly (the claim's floor stayed at the row it passed), and
-/// its probe looks behind the floors from the writer's time.
+/// that claim, given the writer, looks behind the floors from its time.
+///
+/// The locks are read first (`w`, materialized, scanned before the rest is computed),
+/// and `ended` asks each writer's status when it is computed (`pg_xact_status`), not
+/// against the statement's snapshot: a writer that ends while the query runs is then
+/// either still holding its locks when they are read, or ended when its status is. With
+/// the locks read last and the status taken from the snapshot, one that ended in
+/// between was neither, and the idle runtime slept until the poll
+/// (`a_writer_ending_while_the_next_due_query_runs_is_reported`, `tests/runtime.rs`).
 ///
 /// `$2` is how long ago (seconds) the claim before it was sent, plus a margin: a job
 /// that became due in that window came after that claim's `now()`, so the claim could
@@ -1278,6 +1286,11 @@ CROSS JOIN LATERAL (
 /// is the same nested loop of index probes.
 pub(crate) const NEXT_DUE: &str = concat!(
     r#"
+WITH w AS MATERIALIZED (
+    SELECT "#,
+    writers!(),
+    r#" AS writers
+)
 SELECT (SELECT extract(epoch FROM min(n.run_after) - now())::float8
         FROM unnest((SELECT $1::text[])) AS k(kind)
         CROSS JOIN generate_series(0, 9) AS p(priority)
@@ -1288,11 +1301,10 @@ SELECT (SELECT extract(epoch FROM min(n.run_after) - now())::float8
             ORDER BY run_after
             LIMIT 1
         ) n) AS due,
-       "#,
-    writers!(),
-    r#" AS writers,
+       w.writers,
        ARRAY(SELECT x FROM unnest($3::bigint[]) AS x
-             WHERE pg_visible_in_snapshot(x::text::xid8, pg_current_snapshot())) AS ended
+             WHERE pg_xact_status(x::text::xid8) IS DISTINCT FROM 'in progress') AS ended
+FROM w
 "#
 );
 
