@@ -159,18 +159,7 @@ async fn lock_nth(
     .await
     .unwrap();
     // Locked by its id alone: a locking read with an offset locks the rows it skips too.
-    (lock(pool, id).await, id, run_after)
-}
-
-/// Locks job `id` in a transaction of its own, and returns the transaction.
-async fn lock(pool: &PgPool, id: i64) -> sqlx::Transaction<'static, sqlx::Postgres> {
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE")
-        .bind(id)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    tx
+    (common::lock(pool, id).await, id, run_after)
 }
 
 /// One kind, so [`CLAIM`]: a claim whose scan passed no row counts nothing; one that
@@ -405,7 +394,7 @@ async fn a_limited_claim_marks_a_kind_whose_due_job_another_transaction_holds(po
     .unwrap();
     let (held_a, _, _) = lock_nth(&pool, "a", 1).await;
     let (held_c, _, _) = lock_nth(&pool, "c", 2).await;
-    let held_d = lock(&pool, future).await;
+    let held_d = common::lock(&pool, future).await;
     // Room for 5 of each: "a" takes 1 and passed 1 (held), "b" takes both (fewer
     // than it could: no mark), "c" takes 1 and passed 1, "d" has nothing due.
     let (marks, taken) = limited_marks(&pool, &["a", "b", "c", "d"], 5, 5).await;

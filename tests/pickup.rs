@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Running, runtime, wait_until};
+use common::{Running, lock, runtime, wait_until};
 use jobs::{EnqueueBatch, EnqueueOptions, Job, JobContext, JobError};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -100,17 +100,6 @@ impl Drop for Stream {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
     }
-}
-
-/// Locks job `id` in a transaction of its own, and returns the transaction.
-async fn lock(pool: &PgPool, id: i64) -> sqlx::Transaction<'static, sqlx::Postgres> {
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE")
-        .bind(id)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    tx
 }
 
 /// Lets the stream's claims move the floors well past what was enqueued until now.

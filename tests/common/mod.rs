@@ -104,6 +104,18 @@ pub async fn wait_state(pool: &PgPool, id: i64, state: jobs::admin::JobState) {
     .await;
 }
 
+/// Locks job `id` (`FOR UPDATE`) in a transaction of its own, and returns the
+/// transaction: another transaction holding the row while claims pass it.
+pub async fn lock(pool: &PgPool, id: i64) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx
+}
+
 /// Records a run of a handler in the test's `runs (job_id, attempt, note)` table.
 pub async fn record(ctx: &JobContext, note: &str) -> Result<(), JobError> {
     sqlx::query("INSERT INTO runs (job_id, attempt, note) VALUES ($1, $2, $3)")
