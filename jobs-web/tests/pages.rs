@@ -761,3 +761,30 @@ async fn a_planted_forgery_cookie_is_replaced_and_forwarded_hosts_count_only_whe
     assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
     assert_eq!(state_of(&pool, id).await, None, "discarded");
 }
+
+/// A page whose reads fail part-way drops the reads still in flight (the page answers
+/// with the first error). A read dropped while its `BEGIN` was on the wire must not
+/// hand its connection back to the pool inside a transaction: the next borrower's
+/// statements would run in it, and after its first error every statement on that
+/// connection would fail ("current transaction is aborted").
+#[sqlx::test(migrations = false)]
+async fn failed_pages_leave_no_connection_in_a_transaction(pool: PgPool) {
+    let app = app(&pool);
+    for _ in 0..200 {
+        let page = get(&app, "/", None).await;
+        assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!page.body.contains("did not answer"), "{}", page.body);
+    }
+    // Connections go back to the pool in tasks of their own: wait until all are idle.
+    while pool.num_idle() < pool.size() as usize {
+        tokio::task::yield_now().await;
+    }
+    let stuck: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(stuck, 0, "connections left inside a transaction");
+}
