@@ -692,7 +692,9 @@ macro_rules! claims_without_floors {
 }
 
 /// Claims jobs of the kinds `$1` that have a limit across runtimes: up to `$2[i]` (the
-/// runtime's free slots for the kind), with a lease of `$3[i]` ms; no more than the
+/// runtime's free slots for the kind, at most [`CLAIM_MAX_PER_KIND`], which is all the
+/// scans take: asked for more, a kind would be marked `held` below while it took all
+/// it could), with a lease of `$3[i]` ms; no more than the
 /// global concurrency `$4[i]` less the jobs of the kind running now; and no more than
 /// the rate's `$6[i]` starts less those of the last `$7[i]` ms (NULL: no such limit).
 /// `$5` is the claiming runtime's id. Runs after [`LIMIT_LOCK`], in its transaction.

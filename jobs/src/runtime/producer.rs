@@ -584,15 +584,7 @@ impl Producer {
         total_free: usize,
     ) {
         self.gathered = false;
-        let mut left = total_free;
-        let mut asks = Vec::new();
-        for (info, free, limit) in kinds {
-            let n = (*free).min(left);
-            if n > 0 {
-                asks.push((*info, n, *limit));
-                left -= n;
-            }
-        }
+        let asks = limited_asks(kinds, total_free);
         if asks.is_empty() {
             return;
         }
@@ -887,6 +879,26 @@ type ProbeAnswer = (
 );
 
 /// The backoff between failed claims.
+/// What a claim of the kinds with a limit asks of each (`kinds`: each with its free
+/// slots), at most `total_free` in all, in their order: no more than a claim statement
+/// takes of one kind (`sql::CLAIM_MAX_PER_KIND`). Asked for more, a kind that took
+/// that many would look short (quiet, or `held` by the statement) while more are due.
+fn limited_asks<T: Copy, L: Copy>(
+    kinds: &[(T, usize, L)],
+    total_free: usize,
+) -> Vec<(T, usize, L)> {
+    let mut left = total_free;
+    let mut asks = Vec::new();
+    for &(kind, free, limit) in kinds {
+        let n = free.min(left).min(sql::CLAIM_MAX_PER_KIND);
+        if n > 0 {
+            asks.push((kind, n, limit));
+            left -= n;
+        }
+    }
+    asks
+}
+
 fn claim_backoff() -> Backoff {
     Backoff::new(Duration::from_millis(100), Duration::from_secs(30))
 }
@@ -950,5 +962,21 @@ async fn sleep_until_due(due: Option<Duration>) {
     match due {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::limited_asks;
+
+    #[test]
+    fn a_limited_claim_asks_no_kind_for_more_than_a_statement_takes() {
+        let kinds = [("a", 1_500, ()), ("b", 0, ()), ("c", 700, ())];
+        assert_eq!(
+            limited_asks(&kinds, 2_000),
+            [("a", 1_000, ()), ("c", 700, ())]
+        );
+        assert_eq!(limited_asks(&kinds, 800), [("a", 800, ())]);
+        assert_eq!(limited_asks(&kinds, 0), []);
     }
 }
