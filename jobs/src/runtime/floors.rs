@@ -74,11 +74,9 @@ pub(super) struct Floors {
     /// Earlier claims' `(xmax, now)`, oldest first.
     snapshots: VecDeque<(i64, f64)>,
     /// The writers the last claim reported, each with the time its rows may date from,
-    /// less the lag.
-    writers: HashMap<i64, f64>,
-    /// The writers of `writers` that an idle runtime has seen ended since the last
-    /// claim ([`Self::ended`]).
-    seen_ended: Vec<i64>,
+    /// less the lag, and whether an idle runtime has seen it ended since that claim
+    /// ([`Self::ended`]).
+    writers: HashMap<i64, (f64, bool)>,
     /// From when the next probe looks behind the floors: the earliest time a writer
     /// that ended since the last probe may have written from.
     owed: Option<f64>,
@@ -106,7 +104,7 @@ impl Floors {
 
     /// The writers to pass to the next claim (xids, and their times).
     pub(super) fn writers(&self) -> (Vec<i64>, Vec<f64>) {
-        self.writers.iter().map(|(x, t)| (*x, *t)).unzip()
+        self.writers.iter().map(|(x, (t, _))| (*x, *t)).unzip()
     }
 
     /// Moves the floors after a claim that took `rows`.
@@ -129,20 +127,15 @@ impl Floors {
                 self.owe(since);
             }
         }
-        // Date the writers first seen, before this claim's own snapshot is kept.
-        self.seen_ended.clear();
+        // Date the writers first seen, before this claim's own snapshot is kept; none is
+        // seen ended since this claim yet.
         let known = std::mem::take(&mut self.writers);
         self.writers = snapshot
             .writers
             .iter()
             .map(|x| {
-                (
-                    *x,
-                    known
-                        .get(x)
-                        .copied()
-                        .unwrap_or_else(|| self.dated(*x) - lag),
-                )
+                let since = known.get(x).map_or_else(|| self.dated(*x) - lag, |w| w.0);
+                (*x, (since, false))
             })
             .collect();
         self.keep_snapshot(snapshot);
@@ -174,9 +167,8 @@ impl Floors {
     pub(super) fn ended(&mut self, xids: &[i64]) -> bool {
         let mut new = false;
         for x in xids {
-            if self.writers.contains_key(x) && !self.seen_ended.contains(x) {
-                self.seen_ended.push(*x);
-                new = true;
+            if let Some((_, seen)) = self.writers.get_mut(x) {
+                new |= !std::mem::replace(seen, true);
             }
         }
         new
