@@ -1602,6 +1602,47 @@ async fn the_next_due_time_counts_a_job_that_became_due_after_the_claim_looked(p
     assert!(later > 3_000.0, "{later}");
 }
 
+/// The next-due query names the kinds of the jobs that became due since the claim
+/// looked, so that the claim after it asks for those kinds and not for every quiet one
+/// (each kind with a limit is a claim of its own). A job due before the window, one
+/// scheduled later and a kind without jobs are not named.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_next_due_query_names_the_kinds_that_became_due_since_the_claim(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, priority, run_after) VALUES \
+         ('rt.now', '{}', 3, 4, now() - interval '200 ms'), \
+         ('rt.now2', '{}', 3, 0, now() - interval '10 ms'), \
+         ('rt.old', '{}', 3, 0, now() - interval '1 hour'), \
+         ('rt.later', '{}', 3, 0, now() + interval '1 hour')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let kinds = vec!["rt.later", "rt.none", "rt.now", "rt.now2", "rt.old"];
+    let (due, _, _, due_now): (Option<f64>, bool, Vec<i64>, Vec<String>) =
+        sqlx::query_as(common::statement("NEXT_DUE"))
+            .bind(&kinds)
+            .bind(1.0_f64)
+            .bind(Vec::<i64>::new())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(due.unwrap() <= 0.0, "{due:?}");
+    assert_eq!(due_now, ["rt.now", "rt.now2"]);
+    // With a window that starts after both became due: none is named, and the next
+    // due time is the job an hour ahead.
+    let (due, _, _, due_now): (Option<f64>, bool, Vec<i64>, Vec<String>) =
+        sqlx::query_as(common::statement("NEXT_DUE"))
+            .bind(&kinds)
+            .bind(0.001_f64)
+            .bind(Vec::<i64>::new())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(due.unwrap() > 3_000.0, "{due:?}");
+    assert!(due_now.is_empty(), "{due_now:?}");
+}
+
 /// A writer the last claim saw ends while the next-due query runs, after the query's
 /// snapshot was taken and before it read the locks: the query must still say so (as a
 /// writer at work, or as one ended), or the idle runtime sleeps until the poll. The

@@ -1271,7 +1271,10 @@ CROSS JOIN LATERAL (
 ///
 /// `$2` is how long ago (seconds) the claim before it was sent, plus a margin: a job
 /// that became due in that window came after that claim's `now()`, so the claim could
-/// not take it, and the answer is negative (claim at once). A due job older than the
+/// not take it, and the answer is negative (claim at once); `due_now` names the kinds
+/// of such jobs, so that the claim asks for them and not for every quiet kind (with
+/// several replicas at a light load, each saw this after most claims, and claimed
+/// every kind with a limit in a transaction of its own: W10, BENCHMARKS.md). A due job older than the
 /// window was the claim's to take; one it left (its row locked by another transaction)
 /// is not counted, so the runtime does not spin on it: such a job is inside the window
 /// for the margin at most. The window is a duration measured by the runtime; every time
@@ -1292,20 +1295,25 @@ WITH w AS MATERIALIZED (
     SELECT "#,
     writers!(),
     r#" AS writers
+),
+n AS MATERIALIZED (
+    SELECT k.kind, min(n.run_after) AS run_after
+    FROM unnest((SELECT $1::text[])) AS k(kind)
+    CROSS JOIN generate_series(0, 9) AS p(priority)
+    CROSS JOIN LATERAL (
+        SELECT run_after FROM jobs
+        WHERE state = 'pending' AND kind = k.kind AND priority = p.priority::smallint
+          AND run_after > now() - make_interval(secs => $2::float8)
+        ORDER BY run_after
+        LIMIT 1
+    ) n
+    GROUP BY k.kind
 )
-SELECT (SELECT extract(epoch FROM min(n.run_after) - now())::float8
-        FROM unnest((SELECT $1::text[])) AS k(kind)
-        CROSS JOIN generate_series(0, 9) AS p(priority)
-        CROSS JOIN LATERAL (
-            SELECT run_after FROM jobs
-            WHERE state = 'pending' AND kind = k.kind AND priority = p.priority::smallint
-              AND run_after > now() - make_interval(secs => $2::float8)
-            ORDER BY run_after
-            LIMIT 1
-        ) n) AS due,
+SELECT (SELECT extract(epoch FROM min(run_after) - now())::float8 FROM n) AS due,
        w.writers,
        ARRAY(SELECT x FROM unnest($3::bigint[]) AS x
-             WHERE pg_xact_status(x::text::xid8) IS DISTINCT FROM 'in progress') AS ended
+             WHERE pg_xact_status(x::text::xid8) IS DISTINCT FROM 'in progress') AS ended,
+       ARRAY(SELECT kind FROM n WHERE run_after <= now() ORDER BY kind) AS due_now
 FROM w
 "#
 );

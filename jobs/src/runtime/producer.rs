@@ -425,7 +425,7 @@ impl Producer {
     async fn idle(&mut self, per_kind: &[(&'static HandlerInfo, usize)]) {
         let window = self.claim_sent.elapsed() + NEXT_DUE_MARGIN;
         let seen = self.floors.writers().0;
-        let (real_due, writers, ended) =
+        let (real_due, writers, ended, due_now) =
             next_due(&self.shared, &mut self.conn, per_kind, &seen, window).await;
         // A writer the last claim saw has ended since (it may have freed a row that claim
         // passed while it held it, or committed rows behind the floors), perhaps leaving
@@ -438,9 +438,14 @@ impl Producer {
         };
         self.more = true;
         if due == Some(Duration::ZERO) {
-            // A job became due after the last claim looked: claim it now, of whatever
-            // kind (no notification named it).
-            self.seen.quiet.clear();
+            // A job became due after the last claim looked: claim it now, asking for its
+            // kinds (no notification may name them).
+            if due_now.is_empty() {
+                self.seen.quiet.clear();
+            }
+            for kind in &due_now {
+                self.seen.quiet.remove(kind.as_str());
+            }
             return;
         }
         let probing = self.probe.is_some();
@@ -906,14 +911,15 @@ fn claim_backoff() -> Backoff {
 /// How long until the next job of the kinds with free capacity becomes due, on the
 /// database clock (`None` if none is scheduled or the database does not answer: then
 /// the poll covers it), whether another transaction holds a write or row lock on the
-/// job table, and which of the writers `seen` (xids) have ended.
+/// job table, which of the writers `seen` (xids) have ended, and the kinds of the jobs
+/// that became due since the last claim looked (`window`).
 async fn next_due(
     shared: &Shared,
     conn: &mut Option<HeldConn>,
     per_kind: &[(&'static HandlerInfo, usize)],
     seen: &[i64],
     window: Duration,
-) -> (Option<Duration>, bool, Vec<i64>) {
+) -> (Option<Duration>, bool, Vec<i64>, Vec<String>) {
     let kinds: Vec<&str> = per_kind
         .iter()
         .filter(|(_, free)| *free > 0)
@@ -923,7 +929,7 @@ async fn next_due(
         let held = HeldConn::get(conn, &shared.db).await?;
         crate::pooler::alone!(
             &mut *held.conn,
-            crate::pooler::query_as::<_, (Option<f64>, bool, Vec<i64>)>(sql::NEXT_DUE)
+            crate::pooler::query_as::<_, (Option<f64>, bool, Vec<i64>, Vec<String>)>(sql::NEXT_DUE)
                 .bind(&kinds)
                 .bind(window.as_secs_f64())
                 .bind(seen),
@@ -932,15 +938,16 @@ async fn next_due(
         .await
     };
     match super::answer_within(shared.answer_within, "the next due time", query).await {
-        Ok((seconds, writers, ended)) => (
+        Ok((seconds, writers, ended, due_now)) => (
             seconds.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0))),
             writers,
             ended,
+            due_now,
         ),
         Err(e) => {
             *conn = None;
             tracing::debug!(error = %crate::error::server_message(&e), "cannot read when the next job is due; polling");
-            (None, false, Vec::new())
+            (None, false, Vec::new(), Vec::new())
         }
     }
 }
