@@ -34,7 +34,9 @@
 //!    claimable inside the runtime: a snooze, a retry, a re-run, a rescue, a periodic
 //!    job; `super::Wake`), and its claim and the one that follows ask for them; the
 //!    poll and a job due, for every kind; any other wake-up, for every kind but the
-//!    quiet ones with a limit (each such claim is a transaction).
+//!    quiet ones with a limit (each such claim is a transaction). A job that became due
+//!    after the last claim looked (the next-due query names its kinds) is claimed at
+//!    once, asking for its kinds.
 //! 4. **Gather**: work is waiting but some capacity is taken: give running handlers a
 //!    moment (`BATCH_WINDOW`) to free more, so that the claim fetches a batch instead of
 //!    a job or two.
