@@ -1619,26 +1619,21 @@ async fn the_next_due_query_names_the_kinds_that_became_due_since_the_claim(pool
     .await
     .unwrap();
     let kinds = vec!["rt.later", "rt.none", "rt.now", "rt.now2", "rt.old"];
-    let (due, _, _, due_now): (Option<f64>, bool, Vec<i64>, Vec<String>) =
-        sqlx::query_as(common::statement("NEXT_DUE"))
-            .bind(&kinds)
-            .bind(1.0_f64)
-            .bind(Vec::<i64>::new())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let next_due = |window: f64| {
+        sqlx::query_as::<_, (Option<f64>, bool, Vec<i64>, Vec<String>)>(common::statement(
+            "NEXT_DUE",
+        ))
+        .bind(&kinds)
+        .bind(window)
+        .bind(Vec::<i64>::new())
+        .fetch_one(&pool)
+    };
+    let (due, _, _, due_now) = next_due(1.0).await.unwrap();
     assert!(due.unwrap() <= 0.0, "{due:?}");
     assert_eq!(due_now, ["rt.now", "rt.now2"]);
     // With a window that starts after both became due: none is named, and the next
     // due time is the job an hour ahead.
-    let (due, _, _, due_now): (Option<f64>, bool, Vec<i64>, Vec<String>) =
-        sqlx::query_as(common::statement("NEXT_DUE"))
-            .bind(&kinds)
-            .bind(0.001_f64)
-            .bind(Vec::<i64>::new())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let (due, _, _, due_now) = next_due(0.001).await.unwrap();
     assert!(due.unwrap() > 3_000.0, "{due:?}");
     assert!(due_now.is_empty(), "{due_now:?}");
 }
