@@ -439,12 +439,10 @@ impl Producer {
             real_due
         };
         self.more = true;
-        if due == Some(Duration::ZERO) {
-            // A job became due after the last claim looked: claim it now, asking for its
-            // kinds (no notification may name them).
-            if due_now.is_empty() {
-                self.seen.quiet.clear();
-            }
+        if !due_now.is_empty() {
+            // Jobs became due after the last claim looked (the next-due time is then
+            // zero): claim them now, asking for their kinds (no notification may name
+            // them).
             for kind in &due_now {
                 self.seen.quiet.remove(kind.as_str());
             }
@@ -885,7 +883,6 @@ type ProbeAnswer = (
     Option<f64>,
 );
 
-/// The backoff between failed claims.
 /// What a claim of the kinds with a limit asks of each (`kinds`: each with its free
 /// slots), at most `total_free` in all, in their order: no more than a claim statement
 /// takes of one kind (`sql::CLAIM_MAX_PER_KIND`). Asked for more, a kind that took
@@ -906,6 +903,7 @@ fn limited_asks<T: Copy, L: Copy>(
     asks
 }
 
+/// The backoff between failed claims.
 fn claim_backoff() -> Backoff {
     Backoff::new(Duration::from_millis(100), Duration::from_secs(30))
 }
