@@ -881,3 +881,52 @@ async fn a_limited_kinds_row_freed_while_the_runtime_idles_starts_at_once(pool: 
     .await;
     rt.stop().await;
 }
+
+/// A second kind with a limit: its claim, held up on its kind's lock, makes the window
+/// in which another kind's job becomes due.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.capped2", global_concurrency = 5)]
+struct Capped2 {
+    n: i64,
+}
+
+#[jobs::handler]
+async fn capped2(job: Capped2, ctx: JobContext) -> Result<(), JobError> {
+    record(&ctx, job.n).await
+}
+
+/// A scheduled job of a quiet kind with a limit becomes due while the runtime's claim
+/// of another kind is held up (another transaction holds that kind's lock), and no
+/// notification names it. The next-due query after that claim finds it due since the
+/// claim looked and names its kind: it starts then, not at the poll.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_quiet_limited_kinds_job_due_during_a_claim_starts_after_it(pool: PgPool) {
+    setup(&pool).await;
+    let rt = hourly(&pool, &["pk.capped", "pk.capped2"]);
+    // The first claims find both kinds empty: both are quiet.
+    let_claims_pass().await;
+    // Due in 150 ms, inserted without a notification.
+    sqlx::query(
+        "INSERT INTO jobs (kind, payload, max_attempts, run_after) \
+         VALUES ('pk.capped', '{\"n\": 1}', 3, now() + interval '150 ms')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext('pk.capped2'))")
+        .bind(0x6a6f_6273_i32)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    // Its notification wakes the runtime, whose claim of pk.capped2 waits for the lock.
+    Capped2 { n: 2 }.enqueue(&pool).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(started(&pool, 1).await, 0, "the runtime is in its claim");
+    lock.commit().await.unwrap();
+    wait_until("the job due during the claim starts", || async {
+        started(&pool, 1).await == 1
+    })
+    .await;
+    rt.stop().await;
+}

@@ -725,7 +725,10 @@ macro_rules! claims_without_floors {
 /// id`), from the start of each range: these claims are few (the limits bound them),
 /// so they keep no floors. Returns the claimed rows, with the columns of [`CLAIM`]
 /// (the floors' columns NULL), and one row without an id for each kind that a limit
-/// held to less than it asked for (`mark` = `cut`; `wait`, when the rate held it, the
+/// held to less than it asked for, having taken all the limit allowed (`mark` = `cut`;
+/// a kind with fewer jobs due than that is not cut, but quiet: marked `cut`, a kind
+/// without jobs waited aside until a poll interval had passed, and a job scheduled for
+/// it with it; `wait`, when the rate held it, the
 /// seconds until its window has room again; otherwise its next claim waits for one of
 /// its jobs to end), or that took all it asked for while the limits had room for more
 /// (`spare`: another runtime may take the rest), or that took less than its limits
@@ -796,7 +799,7 @@ FROM claimed c
 UNION ALL
 SELECT NULL, w.kind, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        CASE WHEN w.ord IN (SELECT ord FROM held) THEN 'held'
-            WHEN w.n < w.asked THEN 'cut'
+            WHEN w.n < w.asked AND t.took = w.n THEN 'cut'
             ELSE 'spare' END,
        CASE WHEN w.n < w.asked AND w.starts <= coalesce(w.shares, w.starts)
             THEN extract(epoch FROM coalesce(w.oldest, statement_timestamp())
@@ -804,10 +807,10 @@ SELECT NULL, w.kind, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                                     - statement_timestamp())::float8
        END
 FROM wanted w
-WHERE w.n < w.asked
+CROSS JOIN LATERAL (SELECT count(*) AS took FROM picked p WHERE p.ord = w.ord) t
+WHERE (w.n < w.asked AND t.took = w.n)
    OR w.ord IN (SELECT ord FROM held)
-   OR (least(w.shares, w.starts) > w.asked
-       AND (SELECT count(*) FROM picked p WHERE p.ord = w.ord) = w.asked)
+   OR (least(w.shares, w.starts) > w.asked AND t.took = w.asked)
 "#
 );
 
