@@ -930,3 +930,31 @@ async fn a_quiet_limited_kinds_job_due_during_a_claim_starts_after_it(pool: PgPo
     .await;
     rt.stop().await;
 }
+
+/// While a stream of another kind's notifications keeps waking the runtime (its
+/// next-due queries then ask only for the kinds the wake-ups named and the busy ones),
+/// a delayed job of a quiet kind, enqueued with a notification just before the stream
+/// ends, starts at its time, not at the hourly poll: the claim that its notification
+/// named it to (which finds nothing due) names it to the next-due query after.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_delayed_job_enqueued_while_another_kind_wakes_the_runtime_starts_at_its_time(
+    pool: PgPool,
+) {
+    setup(&pool).await;
+    let rt = hourly(&pool, &["pk.job", "pk.other"]);
+    let stream = Stream::start(&pool);
+    let_claims_pass().await;
+    Other {}
+        .enqueue_with(
+            &pool,
+            EnqueueOptions::new().delay(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    drop(stream);
+    wait_until("the delayed job done", || async {
+        live_of(&pool, "pk.other").await == 0
+    })
+    .await;
+    rt.stop().await;
+}

@@ -10,6 +10,7 @@ pub(crate) mod backoff;
 mod claim;
 pub(crate) mod completer;
 mod connections;
+mod due;
 pub(crate) mod executor;
 mod floors;
 mod global;

@@ -85,6 +85,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::ahead::Rates;
 use super::backoff::Backoff;
 use super::claim::{Ask, ClaimRow, Seen, Taken, claim_order, start, take_slots};
+use super::due::NextDue;
 use super::floors::{Floors, Report, Snapshot};
 use super::paused::Paused;
 use super::periodic::Periodic;
@@ -211,6 +212,8 @@ struct Producer {
     /// The kinds the notifications that last woke the idle runtime named: one more
     /// claim of them follows shortly (`FOLLOW_UP`).
     follow_up: Vec<&'static str>,
+    /// Which kinds the next-due query asks for, and what its answers said.
+    next_due: NextDue,
     /// When the last claim was sent: jobs that became due after it are looked for.
     claim_sent: Instant,
     /// Which kind goes first in a turn of the next claim: each claim the next one, so
@@ -249,6 +252,7 @@ impl Producer {
             more: true,
             gathered: false,
             follow_up: Vec::new(),
+            next_due: NextDue::default(),
             claim_sent: Instant::now(),
             first_kind: 0,
             seen: Seen::default(),
@@ -427,8 +431,15 @@ impl Producer {
     async fn idle(&mut self, per_kind: &[(&'static HandlerInfo, usize)]) {
         let window = self.claim_sent.elapsed() + NEXT_DUE_MARGIN;
         let seen = self.floors.writers().0;
-        let (real_due, writers, ended, due_now) =
-            next_due(&self.shared, &mut self.conn, per_kind, &seen, window).await;
+        let with_room = per_kind.iter().filter(|(_, free)| *free > 0);
+        let (kinds, every) = self
+            .next_due
+            .kinds(with_room.map(|(info, _)| info.kind), |k| {
+                self.seen.is_quiet(k)
+            });
+        let (answer, writers, ended, due_now) =
+            next_due(&self.shared, &mut self.conn, &kinds, &seen, window).await;
+        let real_due = self.next_due.answered(every, answer);
         // A writer the last claim saw has ended since (it may have freed a row that claim
         // passed while it held it, or committed rows behind the floors), perhaps leaving
         // no other writer to see: claim again as while one writes.
@@ -483,8 +494,12 @@ impl Producer {
             // What the follow-up asks for again.
             Woke::Named => self.follow_up = notified().iter().copied().collect(),
             Woke::FollowUp => notified().extend(follow_up),
-            Woke::Any => self.seen.quiet.clear(),
+            Woke::Any => {
+                self.seen.quiet.clear();
+                self.next_due.forget();
+            }
             Woke::Unlimited => {
+                self.next_due.forget();
                 let limits = self.shared.limits.read().expect("lock poisoned");
                 self.seen.quiet.retain(|kind| limits.contains_key(kind));
             }
@@ -566,7 +581,7 @@ impl Producer {
     /// The kinds with a limit that a claim of them would ask for now ([`Self::asked`]),
     /// each with its limit.
     fn limited_asked(
-        &self,
+        &mut self,
         per_kind: &[(&'static HandlerInfo, usize)],
     ) -> Vec<(&'static HandlerInfo, usize, super::global::Limit)> {
         let asked = self.asked(per_kind, true);
@@ -652,7 +667,7 @@ impl Producer {
     /// room now (paused, at its limit, or its slots taken) is kept for a claim that has
     /// room for it.
     fn asked(
-        &self,
+        &mut self,
         per_kind: &[(&'static HandlerInfo, usize)],
         limited: bool,
     ) -> Vec<(&'static HandlerInfo, usize)> {
@@ -661,12 +676,14 @@ impl Producer {
             return Vec::new();
         }
         let mut notified = self.shared.wake.named();
+        let (seen, next_due) = (&self.seen, &mut self.next_due);
         per_kind
             .iter()
             .filter(|(info, free)| {
                 *free > 0
                     && limits.contains_key(info.kind) == limited
-                    && (notified.remove(info.kind) || !self.seen.is_quiet(info.kind))
+                    && (next_due.named_if(notified.remove(info.kind), info.kind)
+                        || !seen.is_quiet(info.kind))
             })
             .copied()
             .collect()
@@ -908,29 +925,24 @@ fn claim_backoff() -> Backoff {
     Backoff::new(Duration::from_millis(100), Duration::from_secs(30))
 }
 
-/// How long until the next job of the kinds with free capacity becomes due, on the
-/// database clock (`None` if none is scheduled or the database does not answer: then
-/// the poll covers it), whether another transaction holds a write or row lock on the
-/// job table, which of the writers `seen` (xids) have ended, and the kinds of the jobs
-/// that became due since the last claim looked (`window`).
+/// How long until the next job of `kinds` becomes due, on the database clock (`None`
+/// if none is scheduled or the database does not answer: then the poll covers it),
+/// whether another transaction holds a write or row lock on the job table, which of
+/// the writers `seen` (xids) have ended, and the kinds of the jobs that became due
+/// since the last claim looked (`window`).
 async fn next_due(
     shared: &Shared,
     conn: &mut Option<HeldConn>,
-    per_kind: &[(&'static HandlerInfo, usize)],
+    kinds: &[&'static str],
     seen: &[i64],
     window: Duration,
 ) -> (Option<Duration>, bool, Vec<i64>, Vec<String>) {
-    let kinds: Vec<&str> = per_kind
-        .iter()
-        .filter(|(_, free)| *free > 0)
-        .map(|(info, _)| info.kind)
-        .collect();
     let query = async {
         let held = HeldConn::get(conn, &shared.db).await?;
         crate::pooler::alone!(
             &mut *held.conn,
             crate::pooler::query_as::<_, (Option<f64>, bool, Vec<i64>, Vec<String>)>(sql::NEXT_DUE)
-                .bind(&kinds)
+                .bind(kinds)
                 .bind(window.as_secs_f64())
                 .bind(seen),
             fetch_one
