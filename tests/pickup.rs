@@ -958,3 +958,36 @@ async fn a_delayed_job_enqueued_while_another_kind_wakes_the_runtime_starts_at_i
     .await;
     rt.stop().await;
 }
+
+/// A job enqueued without a notification (the producer sent one for its kind a moment
+/// before) starts though other kinds' notifications wake the runtime every few
+/// milliseconds: the follow-up claim of its kind, 10 ms after that notification, asks
+/// for it (other kinds' wake-ups used to put that claim off for good, leaving the job
+/// to the quiet kinds' probe, which the runtime also runs while it idles). The first
+/// job of the kind is delayed, so that the claim its notification brings finds nothing
+/// and the kind turns quiet; the job due now is enqueued 2 ms later, most often after
+/// that claim.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_job_enqueued_without_a_notification_starts_though_other_kinds_wake_the_runtime(
+    pool: PgPool,
+) {
+    setup(&pool).await;
+    let rt = hourly(&pool, &["pk.job", "pk.other"]);
+    let stream = Stream::start(&pool);
+    let_claims_pass().await;
+    Other {}
+        .enqueue_with(
+            &pool,
+            EnqueueOptions::new().delay(Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    Other {}.enqueue(&pool).await.unwrap();
+    wait_until("the job due now done", || async {
+        live_of(&pool, "pk.other").await == 1
+    })
+    .await;
+    drop(stream);
+    rt.stop().await;
+}

@@ -1255,7 +1255,8 @@ CROSS JOIN LATERAL (
 ) b
 "#;
 /// How long until the next job of the kinds `$1` becomes due (seconds, on the database
-/// clock; NULL when none is scheduled): an idle runtime sleeps until then, so a retry, a
+/// clock; NULL when none is scheduled; the runtime asks for every kind at most every
+/// 100 ms, and in between for fewer, `runtime::due`): an idle runtime sleeps until then, so a retry, a
 /// snooze or a scheduled job starts on time rather than at the next poll. And whether
 /// another transaction holds a write or row lock on `jobs` (`writers!`), and `ended`:
 /// which of the writers `$3` (xids, those the runtime's last claim saw in progress) have

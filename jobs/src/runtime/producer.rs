@@ -24,19 +24,20 @@
 //!    its next turn, or at once while it waits.
 //! 3. **Idle**: the last claim took less than it asked for, so nothing more is waiting.
 //!    Ask the database when the next scheduled job of these kinds is due
-//!    ([`sql::NEXT_DUE`]), then sleep until that moment, a notification (an enqueue
-//!    somewhere, `listener`), the poll interval, or the probe's answer; and just after a
-//!    notification, claim once more a moment later, since producers send one
-//!    notification per kind every few milliseconds. While another transaction holds a
-//!    write or row lock on the job table, or once one that the last claim saw has ended,
-//!    sleep `WRITERS_POLL` at most: it may commit a job (or free a locked one) without a
-//!    notification. A wake-up names its kinds (a notification's, or those of jobs made
-//!    claimable inside the runtime: a snooze, a retry, a re-run, a rescue, a periodic
-//!    job; `super::Wake`), and its claim and the one that follows ask for them; the
-//!    poll and a job due, for every kind; any other wake-up, for every kind but the
-//!    quiet ones with a limit (each such claim is a transaction). A job that became due
-//!    after the last claim looked (the next-due query names its kinds) is claimed at
-//!    once, asking for its kinds.
+//!    ([`sql::NEXT_DUE`]: of every kind at most every 100 ms, in between of the kinds
+//!    named since and the busy ones, `super::due`), then sleep until that moment, a
+//!    notification (an enqueue somewhere, `listener`), the poll interval, or the probe's
+//!    answer; and just after a notification, claim once more a moment later, since
+//!    producers send one notification per kind every few milliseconds. While another
+//!    transaction holds a write or row lock on the job table, or once one that the last
+//!    claim saw has ended, sleep `WRITERS_POLL` at most: it may commit a job (or free a
+//!    locked one) without a notification. A wake-up names its kinds (a notification's,
+//!    or those of jobs made claimable inside the runtime: a snooze, a retry, a re-run, a
+//!    rescue, a periodic job; `super::Wake`), and its claim and the one that follows ask
+//!    for them; the poll and a job due, for every kind; any other wake-up, for every
+//!    kind but the quiet ones with a limit (each such claim is a transaction). A job
+//!    that became due after the last claim looked (the next-due query names its kinds)
+//!    is claimed at once, asking for its kinds.
 //! 4. **Gather**: work is waiting but some capacity is taken: give running handlers a
 //!    moment (`BATCH_WINDOW`) to free more, so that the claim fetches a batch instead of
 //!    a job or two.
@@ -97,8 +98,12 @@ use crate::sql;
 /// that claims come in batches.
 const BATCH_WINDOW: Duration = Duration::from_millis(2);
 
-/// How soon after a wake-up an idle runtime claims once more: twice the window in which
-/// a producer sends at most one notification per kind (`enqueue::NOTIFY_EVERY`).
+/// How soon after a wake-up an idle runtime claims once more the kinds it named: twice
+/// the window in which a producer sends at most one notification per kind
+/// (`enqueue::NOTIFY_EVERY`). Counted for each kind from the last wake-up that named
+/// it: other kinds' wake-ups meanwhile do not put it off (each used to start the wait
+/// again for its own kinds only, and a stream of them every few milliseconds left a
+/// job enqueued without a notification to the quiet kinds' probe, or to the poll).
 const FOLLOW_UP: Duration = Duration::from_millis(10);
 
 /// How much longer than the time since the last claim was sent the next-due query looks
@@ -209,9 +214,10 @@ struct Producer {
     more: bool,
     /// Whether this turn already waited for slots to free (it waits once, then claims).
     gathered: bool,
-    /// The kinds the notifications that last woke the idle runtime named: one more
-    /// claim of them follows shortly (`FOLLOW_UP`).
-    follow_up: Vec<&'static str>,
+    /// The kinds the wake-ups of the idle runtime named, each with the moment one more
+    /// claim of it follows (`FOLLOW_UP` after the last wake-up that named it, whatever
+    /// other kinds' wake-ups come meanwhile).
+    follow_up: HashMap<&'static str, Instant>,
     /// Which kinds the next-due query asks for, and what its answers said.
     next_due: NextDue,
     /// When the last claim was sent: jobs that became due after it are looked for.
@@ -251,7 +257,7 @@ impl Producer {
             probe_done: Arc::new(Notify::new()),
             more: true,
             gathered: false,
-            follow_up: Vec::new(),
+            follow_up: HashMap::new(),
             next_due: NextDue::default(),
             claim_sent: Instant::now(),
             first_kind: 0,
@@ -480,7 +486,9 @@ impl Producer {
                     break if writers_only { Woke::Unlimited } else { Woke::Any }
                 }
                 () = sleep_until_due(limit_due.map(left)) => break Woke::Named,
-                () = sleep_if(!self.follow_up.is_empty(), left(FOLLOW_UP)) => break Woke::FollowUp,
+                () = sleep_until_due(self.follow_up.values().min().map(|at| {
+                    at.saturating_duration_since(Instant::now())
+                })) => break Woke::FollowUp,
                 _ = self.probe_done.notified(), if probing => break Woke::Unlimited,
                 _ = self.stop.changed() => break Woke::Any,
                 _ = self.shared.freed.handed_signal.notified() => {
@@ -488,12 +496,25 @@ impl Producer {
                 }
             }
         };
-        let follow_up = std::mem::take(&mut self.follow_up);
-        let notified = || self.shared.wake.named();
+        let now = Instant::now();
         match woke {
             // What the follow-up asks for again.
-            Woke::Named => self.follow_up = notified().iter().copied().collect(),
-            Woke::FollowUp => notified().extend(follow_up),
+            Woke::Named => {
+                let at = now + FOLLOW_UP;
+                let notified = self.shared.wake.named();
+                self.follow_up
+                    .extend(notified.iter().map(|&kind| (kind, at)));
+            }
+            Woke::FollowUp => {
+                let mut notified = self.shared.wake.named();
+                self.follow_up.retain(|&kind, at| {
+                    let due = *at <= now;
+                    if due {
+                        notified.insert(kind);
+                    }
+                    !due
+                });
+            }
             Woke::Any => {
                 self.seen.quiet.clear();
                 self.next_due.forget();
