@@ -931,6 +931,21 @@ async fn a_quiet_limited_kinds_job_due_during_a_claim_starts_after_it(pool: PgPo
     rt.stop().await;
 }
 
+/// Starts an hourly runtime of `pk.job` and `pk.other` and a stream of `pk.job`, lets
+/// its claims pass, and enqueues a job of `pk.other` delayed by `delay` (with its
+/// notification).
+async fn delayed_while_streaming(pool: &PgPool, delay: Duration) -> (Running, Stream) {
+    setup(pool).await;
+    let rt = hourly(pool, &["pk.job", "pk.other"]);
+    let stream = Stream::start(pool);
+    let_claims_pass().await;
+    Other {}
+        .enqueue_with(pool, EnqueueOptions::new().delay(delay))
+        .await
+        .unwrap();
+    (rt, stream)
+}
+
 /// While a stream of another kind's notifications keeps waking the runtime (its
 /// next-due queries then ask only for the kinds the wake-ups named and the busy ones),
 /// a delayed job of a quiet kind, enqueued with a notification just before the stream
@@ -940,17 +955,7 @@ async fn a_quiet_limited_kinds_job_due_during_a_claim_starts_after_it(pool: PgPo
 async fn a_delayed_job_enqueued_while_another_kind_wakes_the_runtime_starts_at_its_time(
     pool: PgPool,
 ) {
-    setup(&pool).await;
-    let rt = hourly(&pool, &["pk.job", "pk.other"]);
-    let stream = Stream::start(&pool);
-    let_claims_pass().await;
-    Other {}
-        .enqueue_with(
-            &pool,
-            EnqueueOptions::new().delay(Duration::from_millis(300)),
-        )
-        .await
-        .unwrap();
+    let (rt, stream) = delayed_while_streaming(&pool, Duration::from_millis(300)).await;
     drop(stream);
     wait_until("the delayed job done", || async {
         live_of(&pool, "pk.other").await == 0
@@ -971,17 +976,7 @@ async fn a_delayed_job_enqueued_while_another_kind_wakes_the_runtime_starts_at_i
 async fn a_job_enqueued_without_a_notification_starts_though_other_kinds_wake_the_runtime(
     pool: PgPool,
 ) {
-    setup(&pool).await;
-    let rt = hourly(&pool, &["pk.job", "pk.other"]);
-    let stream = Stream::start(&pool);
-    let_claims_pass().await;
-    Other {}
-        .enqueue_with(
-            &pool,
-            EnqueueOptions::new().delay(Duration::from_secs(3600)),
-        )
-        .await
-        .unwrap();
+    let (rt, stream) = delayed_while_streaming(&pool, Duration::from_secs(3600)).await;
     tokio::time::sleep(Duration::from_millis(2)).await;
     Other {}.enqueue(&pool).await.unwrap();
     wait_until("the job due now done", || async {

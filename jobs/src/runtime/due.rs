@@ -12,13 +12,14 @@
 //! can have a new scheduled job the runtime would not otherwise see: those the
 //! wake-ups since the last query named (an enqueue notifies its kind, and the runtime
 //! names the kinds of the jobs it makes claimable itself: a retry, a snooze, a re-run,
-//! a rescue, a periodic job), and the busy ones (their last claim took jobs). The
-//! earliest moment an answer gave stands until the next answer for every kind: a
-//! narrower answer can only bring it forward. What it misses meanwhile is a job that
-//! another runtime made claimable later (that runtime claims it itself), or that an
-//! enqueue sent without a notification (one per kind every few milliseconds) whose
-//! transaction the claims and this query did not see at work: such a job is seen at the
-//! next query for every kind, within [`EVERY_KIND_EVERY`] of a wake-up, or at the poll.
+//! a rescue, a periodic job), the busy ones (their last claim took jobs), and those
+//! that had no room when every kind was last asked for. The earliest moment an answer
+//! gave stands until the next answer for every kind: a narrower answer can only bring
+//! it forward. What it misses meanwhile is a job that another runtime made claimable
+//! later (that runtime claims it itself), or that an enqueue sent without a
+//! notification (one per kind every few milliseconds) whose transaction the claims and
+//! this query did not see at work: such a job is seen at the next query for every
+//! kind, within [`EVERY_KIND_EVERY`] of a wake-up, or at the poll.
 //! A moment that has passed wakes the runtime for every kind (`Woke::Any`), and the
 //! query after that claim asks for every kind again, so a job that another runtime
 //! took meanwhile costs one claim, not a loop.
@@ -33,9 +34,13 @@ const EVERY_KIND_EVERY: Duration = Duration::from_millis(100);
 /// What the idle runtime knows of when its next scheduled job is due.
 #[derive(Default)]
 pub(super) struct NextDue {
-    /// When the query last asked for every kind with room, and the earliest next-due
-    /// moment known since (that answer's, brought forward by the narrower ones after).
-    every_kind: Option<(Instant, Option<Instant>)>,
+    /// When the query last asked for every kind with room.
+    every_kind: Option<Instant>,
+    /// The earliest next-due moment the answers since then gave.
+    known: Option<Instant>,
+    /// The kinds those answers covered: a kind that had no room then (paused, or its
+    /// slots taken) is asked for once it has.
+    covered: HashSet<&'static str>,
     /// The kinds the claims since the last query asked for because a wake-up named them.
     named: HashSet<&'static str>,
 }
@@ -50,31 +55,42 @@ impl NextDue {
     ) -> (Vec<&'static str>, bool) {
         let every = self
             .every_kind
-            .is_none_or(|(asked, _)| asked.elapsed() >= EVERY_KIND_EVERY);
+            .is_none_or(|asked| asked.elapsed() >= EVERY_KIND_EVERY);
         let kinds = with_room
             .into_iter()
-            .filter(|kind| every || self.named.contains(kind) || !quiet(kind))
+            .filter(|kind| {
+                every || self.named.contains(kind) || !quiet(kind) || !self.covered.contains(kind)
+            })
             .collect();
         (kinds, every)
     }
 
-    /// Notes the answer to a query (`every`: for every kind with room) that the next of
-    /// its kinds' jobs is `due` from now, and returns how long from now the earliest
+    /// Notes the answer to a query for `kinds` (`every`: every kind with room) that the
+    /// next of their jobs is `due` from now, and returns how long from now the earliest
     /// one known is.
+    ///
     /// A job due already (one that became due after the last claim looked: the query
     /// names its kinds, and the runtime claims them at once) is not kept: the claim
     /// takes it, or another runtime's did, and a moment kept from it would wake the
     /// runtime for every kind at each query after.
-    pub(super) fn answered(&mut self, every: bool, due: Option<Duration>) -> Option<Duration> {
+    pub(super) fn answered(
+        &mut self,
+        kinds: &[&'static str],
+        every: bool,
+        due: Option<Duration>,
+    ) -> Option<Duration> {
         let now = Instant::now();
         let at = due.filter(|d| !d.is_zero()).map(|d| now + d);
         self.named.clear();
-        let known = match self.every_kind {
-            Some((asked, known)) if !every => (asked, known.into_iter().chain(at).min()),
-            _ => (now, at),
-        };
-        self.every_kind = Some(known);
-        let known = known.1.map(|at| at.saturating_duration_since(now));
+        if every {
+            self.every_kind = Some(now);
+            self.known = at;
+            self.covered.clear();
+        } else {
+            self.known = self.known.into_iter().chain(at).min();
+        }
+        self.covered.extend(kinds);
+        let known = self.known.map(|at| at.saturating_duration_since(now));
         due.into_iter().chain(known).min()
     }
 
@@ -108,13 +124,13 @@ mod tests {
     fn asks_for_every_kind_first_then_for_the_named_and_busy_ones() {
         let mut due = NextDue::default();
         assert_eq!(due.kinds(KINDS, quiet_but_a), (KINDS.to_vec(), true));
-        due.answered(true, None);
+        due.answered(&KINDS, true, None);
         assert_eq!(due.kinds(KINDS, quiet_but_a), (vec!["a"], false));
         assert!(due.named_if(true, "c"));
         assert!(!due.named_if(false, "b"));
         assert_eq!(due.kinds(KINDS, quiet_but_a), (vec!["a", "c"], false));
         // An answer clears the names; forgetting asks for every kind again.
-        due.answered(false, None);
+        due.answered(&["a", "c"], false, None);
         assert_eq!(due.kinds(KINDS, quiet_but_a), (vec!["a"], false));
         due.forget();
         assert_eq!(due.kinds(KINDS, quiet_but_a), (KINDS.to_vec(), true));
@@ -123,36 +139,43 @@ mod tests {
     #[test]
     fn asks_for_every_kind_again_once_the_last_such_answer_is_old() {
         let mut due = NextDue::default();
-        due.answered(true, None);
-        due.every_kind = due
-            .every_kind
-            .map(|(_, at)| (Instant::now() - EVERY_KIND_EVERY, at));
+        due.answered(&KINDS, true, None);
+        due.every_kind = Some(Instant::now() - EVERY_KIND_EVERY);
         assert_eq!(due.kinds(KINDS, quiet_but_a), (KINDS.to_vec(), true));
+    }
+
+    #[test]
+    fn asks_for_a_kind_that_had_no_room_when_every_kind_was_asked_for() {
+        let mut due = NextDue::default();
+        due.answered(&["a", "b"], true, None);
+        assert_eq!(due.kinds(KINDS, quiet_but_a), (vec!["a", "c"], false));
+        due.answered(&["a", "c"], false, None);
+        assert_eq!(due.kinds(KINDS, quiet_but_a), (vec!["a"], false));
     }
 
     #[test]
     fn a_narrower_answer_only_brings_the_moment_forward() {
         let (minute, second) = (Duration::from_secs(60), Duration::from_secs(1));
         let mut due = NextDue::default();
-        assert!(due.answered(true, Some(minute)).unwrap() > minute - second);
+        assert!(due.answered(&KINDS, true, Some(minute)).unwrap() > minute - second);
         // Nothing due of the kinds asked, or later: the minute stands.
-        assert!(due.answered(false, None).unwrap() > minute - second);
-        assert!(due.answered(false, Some(2 * minute)).unwrap() <= minute);
+        assert!(due.answered(&KINDS, false, None).unwrap() > minute - second);
+        assert!(due.answered(&KINDS, false, Some(2 * minute)).unwrap() <= minute);
         // Sooner: it comes forward, and stays.
-        assert!(due.answered(false, Some(second)).unwrap() <= second);
-        assert!(due.answered(false, None).unwrap() <= second);
+        assert!(due.answered(&KINDS, false, Some(second)).unwrap() <= second);
+        assert!(due.answered(&KINDS, false, None).unwrap() <= second);
         // An answer for every kind replaces it.
-        assert!(due.answered(true, None).is_none());
+        assert!(due.answered(&KINDS, true, None).is_none());
     }
 
     #[test]
     fn a_job_due_already_is_answered_but_not_kept() {
         let mut due = NextDue::default();
-        due.answered(true, None);
+        due.answered(&KINDS, true, None);
         assert_eq!(
-            due.answered(false, Some(Duration::ZERO)),
+            due.answered(&KINDS, false, Some(Duration::ZERO)),
             Some(Duration::ZERO)
         );
-        assert_eq!(due.answered(false, None), None);
+        assert_eq!(due.answered(&KINDS, false, None), None);
     }
 }

@@ -445,7 +445,7 @@ impl Producer {
             });
         let (answer, writers, ended, due_now) =
             next_due(&self.shared, &mut self.conn, &kinds, &seen, window).await;
-        let real_due = self.next_due.answered(every, answer);
+        let real_due = self.next_due.answered(&kinds, every, answer);
         // A writer the last claim saw has ended since (it may have freed a row that claim
         // passed while it held it, or committed rows behind the floors), perhaps leaving
         // no other writer to see: claim again as while one writes.
