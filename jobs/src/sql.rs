@@ -1256,8 +1256,9 @@ CROSS JOIN LATERAL (
 "#;
 /// How long until the next job of the kinds `$1` becomes due (seconds, on the database
 /// clock; NULL when none is scheduled; the runtime asks for every kind at most every
-/// 100 ms, and in between for fewer, `runtime::due`): an idle runtime sleeps until then, so a retry, a
-/// snooze or a scheduled job starts on time rather than at the next poll. And whether
+/// 100 ms, and in between for fewer, `runtime::due`): an idle runtime sleeps until
+/// then, so a retry, a snooze or a scheduled job starts on time rather than at the next
+/// poll. And whether
 /// another transaction holds a write or row lock on `jobs` (`writers!`), and `ended`:
 /// which of the writers `$3` (xids, those the runtime's last claim saw in progress) have
 /// ended since. Such a writer may have committed rows the claim could not see, or freed
@@ -1278,8 +1279,8 @@ CROSS JOIN LATERAL (
 /// not take it, and the answer is negative (claim at once); `due_now` names the kinds
 /// of such jobs, so that the claim asks for them and not for every quiet kind (with
 /// several replicas at a light load, each saw this after most claims, and claimed
-/// every kind with a limit in a transaction of its own: W10, BENCHMARKS.md). A due job older than the
-/// window was the claim's to take; one it left (its row locked by another transaction)
+/// every kind with a limit in a transaction of its own: W10, BENCHMARKS.md). A due job
+/// older than the window was the claim's to take; one it left (its row locked by another transaction)
 /// is not counted, so the runtime does not spin on it: such a job is inside the window
 /// for the margin at most. The window is a duration measured by the runtime; every time
 /// it is compared with is the database's, and it decides only when the next claim runs.

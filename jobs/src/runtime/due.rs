@@ -15,11 +15,12 @@
 //! a rescue, a periodic job), the busy ones (their last claim took jobs), and those
 //! that had no room when every kind was last asked for. The earliest moment an answer
 //! gave stands until the next answer for every kind: a narrower answer can only bring
-//! it forward. What it misses meanwhile is a job that another runtime made claimable
-//! later (that runtime claims it itself), or that an enqueue sent without a
-//! notification (one per kind every few milliseconds) whose transaction the claims and
-//! this query did not see at work: such a job is seen at the next query for every
-//! kind, within [`EVERY_KIND_EVERY`] of a wake-up, or at the poll.
+//! it forward. What it misses meanwhile is a delayed job that another runtime made
+//! (a retry, a snooze: that runtime claims it itself), or that an enqueue sent without
+//! a notification (one per kind every few milliseconds) whose transaction the claims
+//! and this query did not see at work: such a job is seen at the next query for every
+//! kind, within [`EVERY_KIND_EVERY`] of a wake-up, or at the poll. A query that fails
+//! (no connection, a cut session) teaches nothing: the next one asks for every kind.
 //! A moment that has passed wakes the runtime for every kind (`Woke::Any`), and the
 //! query after that claim asks for every kind again, so a job that another runtime
 //! took meanwhile costs one claim, not a loop.
@@ -104,7 +105,7 @@ impl NextDue {
     }
 
     /// Makes the next query ask for every kind (a wake-up by the poll, a job due, a
-    /// writer that may have committed any kind's jobs).
+    /// writer that may have committed any kind's jobs; a query that failed).
     pub(super) fn forget(&mut self) {
         self.every_kind = None;
     }

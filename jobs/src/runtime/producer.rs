@@ -443,9 +443,19 @@ impl Producer {
             .kinds(with_room.map(|(info, _)| info.kind), |k| {
                 self.seen.is_quiet(k)
             });
-        let (answer, writers, ended, due_now) =
-            next_due(&self.shared, &mut self.conn, &kinds, &seen, window).await;
-        let real_due = self.next_due.answered(&kinds, every, answer);
+        let (real_due, writers, ended, due_now) =
+            match next_due(&self.shared, &mut self.conn, &kinds, &seen, window).await {
+                Some((answer, writers, ended, due_now)) => {
+                    let due = self.next_due.answered(&kinds, every, answer);
+                    (due, writers, ended, due_now)
+                }
+                None => {
+                    // Nothing learned (the poll covers it): the next query asks for
+                    // every kind, and no moment is taken from this one.
+                    self.next_due.forget();
+                    (None, false, Vec::new(), Vec::new())
+                }
+            };
         // A writer the last claim saw has ended since (it may have freed a row that claim
         // passed while it held it, or committed rows behind the floors), perhaps leaving
         // no other writer to see: claim again as while one writes.
@@ -947,17 +957,17 @@ fn claim_backoff() -> Backoff {
 }
 
 /// How long until the next job of `kinds` becomes due, on the database clock (`None`
-/// if none is scheduled or the database does not answer: then the poll covers it),
-/// whether another transaction holds a write or row lock on the job table, which of
-/// the writers `seen` (xids) have ended, and the kinds of the jobs that became due
-/// since the last claim looked (`window`).
+/// if none is scheduled), whether another transaction holds a write or row lock on the
+/// job table, which of the writers `seen` (xids) have ended, and the kinds of the jobs
+/// that became due since the last claim looked (`window`); `None` if the database does
+/// not answer.
 async fn next_due(
     shared: &Shared,
     conn: &mut Option<HeldConn>,
     kinds: &[&'static str],
     seen: &[i64],
     window: Duration,
-) -> (Option<Duration>, bool, Vec<i64>, Vec<String>) {
+) -> Option<(Option<Duration>, bool, Vec<i64>, Vec<String>)> {
     let query = async {
         let held = HeldConn::get(conn, &shared.db).await?;
         crate::pooler::alone!(
@@ -971,16 +981,16 @@ async fn next_due(
         .await
     };
     match super::answer_within(shared.answer_within, "the next due time", query).await {
-        Ok((seconds, writers, ended, due_now)) => (
+        Ok((seconds, writers, ended, due_now)) => Some((
             seconds.map(|s| Duration::from_secs_f64(s.clamp(0.0, 86_400.0))),
             writers,
             ended,
             due_now,
-        ),
+        )),
         Err(e) => {
             *conn = None;
             tracing::debug!(error = %crate::error::server_message(&e), "cannot read when the next job is due; polling");
-            (None, false, Vec::new(), Vec::new())
+            None
         }
     }
 }
