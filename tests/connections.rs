@@ -71,11 +71,10 @@ async fn shut(_job: Shut, _ctx: JobContext) -> Result<(), JobError> {
 /// holds no connection until a handler or the runtime asks for one.
 async fn limited_role(admin: &PgPool, opts: &PgConnectOptions, limit: i32) -> (String, PgPool) {
     let role = format!("jobs_conn_{}", uuid::Uuid::new_v4().simple());
+    // The runtime's grants, as the README lists them.
+    let grants = common::readme_grants()[0].replace("app_runtime", &role);
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {role} LOGIN CONNECTION LIMIT {limit};
-         GRANT USAGE ON SCHEMA public TO {role};
-         GRANT SELECT, INSERT, UPDATE, DELETE ON jobs, jobs_runtimes, jobs_throughput TO {role};
-         GRANT SELECT ON jobs_paused TO {role};"
+        "CREATE ROLE {role} LOGIN CONNECTION LIMIT {limit}; {grants}"
     )))
     .execute(admin)
     .await

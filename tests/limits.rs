@@ -1190,3 +1190,85 @@ async fn a_paused_kinds_share_is_not_handed_on(pool: PgPool) {
     .await;
     rt.stop().await;
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.backlog", global_concurrency = 1, partition = "tenant")]
+struct Backlog {
+    tenant: u32,
+}
+
+static BACKLOG: Gauge = Gauge::new();
+
+#[jobs::handler]
+async fn backlog(_job: Backlog, _ctx: JobContext) -> Result<(), JobError> {
+    BACKLOG.run_for(50).await;
+    Ok(())
+}
+
+/// One tenant's backlog, longer than a claim's walk, enqueued before a job of each of
+/// a hundred other tenants: the runtime still runs at its concurrency, a job of each
+/// of ten tenants at once. Before, each claim's walk filled with the backlog's rows,
+/// took one, reported the kind at its limit and waited for that job: about one
+/// handler at a time.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_backlog_longer_than_the_walk_keeps_no_partition_waiting(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..500 {
+        batch.push(&Backlog { tenant: 0 }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let mut batch = EnqueueBatch::new();
+    for tenant in 1..=100 {
+        batch.push(&Backlog { tenant }).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let rt = Running::start(runtime(&pool, &["limits.backlog"]).concurrency(10));
+    wait_until("every other tenant's job ran", || async {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE kind = 'limits.backlog' AND payload->>'tenant' <> '0'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        left == 0
+    })
+    .await;
+    rt.stop().await;
+    assert_eq!(
+        BACKLOG.most(),
+        10,
+        "the runtime ran below its concurrency while partitions had room"
+    );
+}
+
+/// `set_limits` checks its input as `enqueue` checks a kind, and bounds a rate's
+/// window: each mistake is `InvalidInput`, and nothing is written. Before, a NUL gave
+/// the database's raw error, an empty kind was stored, and a window of `Duration::MAX`
+/// became 1,000 years without a word.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn set_limits_refuses_what_it_cannot_store_in_words(pool: PgPool) {
+    let one = KindLimits::default().concurrency(1);
+    let rate = |per: Duration| KindLimits::default().rate(10, per);
+    let cases = [
+        ("", one, "the kind is empty"),
+        ("a\0b", one, "NUL character"),
+        (&*"k".repeat(jobs::MAX_KIND_BYTES + 1), one, "bytes long"),
+        ("limits.set", rate(Duration::MAX), "30 days"),
+        (
+            "limits.set",
+            rate(jobs::MAX_RATE_WINDOW + Duration::from_millis(1)),
+            "30 days",
+        ),
+    ];
+    for (kind, limits, says) in cases {
+        let e = jobs::admin::set_limits(&pool, kind, limits)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, jobs::Error::InvalidInput(_)), "{kind:?}: {e:?}");
+        assert!(e.to_string().contains(says), "{kind:?}: {e}");
+    }
+    assert!(jobs::admin::limits(&pool).await.unwrap().is_empty());
+    jobs::admin::set_limits(&pool, "limits.set", rate(jobs::MAX_RATE_WINDOW))
+        .await
+        .unwrap();
+}

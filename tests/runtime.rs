@@ -4,16 +4,13 @@
 mod common;
 
 use std::process::Stdio;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Running, count, record, runs, runtime, wait_until};
+use common::{Proxy, Running, count, record, runs, runtime, wait_until};
 use jobs::{EnqueueBatch, Job, JobContext, JobError, Runtime};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
 
 /// A table where handlers record what they did, in the test's own database.
 async fn setup(pool: &PgPool) {
@@ -959,82 +956,6 @@ async fn killed_worker_job_is_taken_over_after_its_lease(
 
 // ---------------------------------------------------------------------------------
 // Database faults: a proxy between the runtime and PostgreSQL is cut and restored.
-
-/// A TCP proxy to PostgreSQL that the test can cut (dropping every connection and
-/// refusing new ones), silence (dropping every connection, and holding each new one
-/// open without a word, for good) and restore.
-struct Proxy {
-    port: u16,
-    up: Arc<tokio::sync::watch::Sender<bool>>,
-    silent: Arc<AtomicBool>,
-}
-
-impl Proxy {
-    async fn start(target: (String, u16)) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (up, _) = tokio::sync::watch::channel(true);
-        let up = Arc::new(up);
-        let state = up.clone();
-        let silent = Arc::new(AtomicBool::new(false));
-        let hush = silent.clone();
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                if hush.load(Ordering::SeqCst) {
-                    held.push(inbound);
-                    continue;
-                }
-                if !*state.borrow() {
-                    let _ = inbound.shutdown().await;
-                    continue;
-                }
-                let target = target.clone();
-                let mut down = state.subscribe();
-                tokio::spawn(async move {
-                    let Ok(mut outbound) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = down.wait_for(|up| !*up) => {}
-                    }
-                });
-            }
-        });
-        Proxy { port, up, silent }
-    }
-
-    /// A proxy to the database of `opts`, and a pool of five connections through it
-    /// that waits a second at most for one.
-    async fn pool(opts: &sqlx::postgres::PgConnectOptions) -> (Proxy, PgPool) {
-        let proxy = Proxy::start((opts.get_host().to_owned(), opts.get_port())).await;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(5)
-            .acquire_timeout(Duration::from_secs(1))
-            .connect_with(opts.clone().host("127.0.0.1").port(proxy.port))
-            .await
-            .unwrap();
-        (proxy, pool)
-    }
-
-    fn cut(&self) {
-        self.up.send_replace(false);
-    }
-
-    fn silence(&self) {
-        self.silent.store(true, Ordering::SeqCst);
-        self.up.send_replace(false);
-    }
-
-    fn restore(&self) {
-        self.silent.store(false, Ordering::SeqCst);
-        self.up.send_replace(true);
-    }
-}
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn database_outage_is_waited_out(

@@ -65,6 +65,107 @@ async fn per_tenant(_job: PerTenant, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
+/// W8b's job: of tenant `tenant`, a kind limited to one per tenant at once (`limited`)
+/// or its twin without limits; a small tenant's start is noted for the parent.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "bench.backlog", global_concurrency = 1, partition = "tenant")]
+pub struct Backlog {
+    tenant: u32,
+}
+
+/// [`Backlog`]'s twin without limits.
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "bench.backlog_free")]
+pub struct BacklogFree {
+    tenant: u32,
+}
+
+/// When each small tenant's job started (W8b).
+static STARTS: std::sync::Mutex<Vec<Instant>> = std::sync::Mutex::new(Vec::new());
+
+fn started(tenant: u32) {
+    if tenant != 0 {
+        STARTS.lock().unwrap().push(Instant::now());
+    }
+}
+
+#[jobs::handler]
+async fn backlog(job: Backlog, _ctx: JobContext) -> Result<(), JobError> {
+    started(job.tenant);
+    Ok(())
+}
+
+#[jobs::handler]
+async fn backlog_free(job: BacklogFree, _ctx: JobContext) -> Result<(), JobError> {
+    started(job.tenant);
+    Ok(())
+}
+
+/// W8b, partition fairness: 2,000 jobs of tenant 0, then one of each of 10,000 other
+/// tenants, one runtime of concurrency 10; when the small tenants' jobs start, counted
+/// from the end of their enqueue (p50, p99), for the kind limited to one per tenant
+/// and for its twin without limits, in the same run.
+pub async fn run_backlog(runs: usize) {
+    for (kind, limited) in [("bench.backlog", true), ("bench.backlog_free", false)] {
+        let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            let pool = super::fresh_database(12).await;
+            let tenants = std::iter::repeat_n(0, 2_000).chain(1..=10_000u32);
+            for chunk in tenants.collect::<Vec<_>>().chunks(2_000) {
+                let mut batch = EnqueueBatch::new();
+                for &tenant in chunk {
+                    if limited {
+                        batch.push(&Backlog { tenant }).unwrap();
+                    } else {
+                        batch.push(&BacklogFree { tenant }).unwrap();
+                    }
+                }
+                batch.enqueue(&pool).await.unwrap();
+            }
+            STARTS.lock().unwrap().clear();
+            let runtime_pool = super::pool(12).await;
+            let stop = Arc::new(tokio::sync::Notify::new());
+            let signal = stop.clone();
+            let t = Instant::now();
+            let rt = tokio::spawn(async move {
+                Runtime::new(runtime_pool)
+                    .kinds([kind])
+                    .concurrency(10)
+                    .run_until(async move { signal.notified().await })
+                    .await
+            });
+            while STARTS.lock().unwrap().len() < 10_000 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            stop.notify_one();
+            rt.await.unwrap().unwrap();
+            pool.close().await;
+            let mut waits: Vec<f64> = STARTS
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|s| s.duration_since(t).as_secs_f64() * 1e3)
+                .collect();
+            waits.sort_by(f64::total_cmp);
+            p50s.push(waits[waits.len() / 2]);
+            p99s.push(waits[waits.len() * 99 / 100]);
+        }
+        let name = if limited { "limited" } else { "unlimited" };
+        super::report(
+            &format!("W8b small tenants' start p50, {name}"),
+            "ms",
+            p50s,
+            &[],
+        );
+        super::report(
+            &format!("W8b small tenants' start p99, {name}"),
+            "ms",
+            p99s,
+            &[],
+        );
+    }
+}
+
 /// W8's partitions: `n` no-op jobs over 10,000 tenants (a limit of 1 each), drained by
 /// one runtime of concurrency 10 and 100, beside the same drain of one kind without a
 /// limit (W2's), in the same run.

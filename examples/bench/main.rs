@@ -1,7 +1,7 @@
 //! The project's benchmark: enqueue, drain, pickup latency, backlog and scale-out.
 //!
 //! ```sh
-//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w1m w2 w2k w2s w2s-one w2s-ten w3 w4 w5 w6 w7 w8 w8r w8p w9 w10]
+//! cargo run --release --example bench -- [--runs 3] [--jobs 20000] [w1 w1m w2 w2k w2s w2s-one w2s-ten w3 w4 w5 w6 w7 w8 w8r w8p w8b w9 w10]
 //! cargo run --release --example bench -- horizon [--held 600] [--holder xid|readers]
 //! cargo run --release --example bench -- web [--rows 2000000] [--runs 9]
 //! cargo run --release --example bench -- failover [--rate 500] [--before 20] [--down 2] [--after 30]
@@ -929,6 +929,7 @@ async fn main() {
                 w2(n, runs, false, &[10, 100], Claims::First(1), false).await;
                 limits::run_partitions(n, runs).await;
             }
+            "w8b" => limits::run_backlog(runs).await,
             "w5" => w5(n, runs).await,
             "w6" => w6(runs).await,
             "w1m" => w1m(runs).await,
@@ -936,7 +937,7 @@ async fn main() {
             "w10" => replicas::run(runs).await,
             other => {
                 panic!(
-                    "unknown workload {other}: expected w1, w1m, w2, w2k, w2s, w2s-one, w2s-ten, w3..w10, w8r, w8p"
+                    "unknown workload {other}: expected w1, w1m, w2, w2k, w2s, w2s-one, w2s-ten, w3..w10, w8r, w8p, w8b"
                 )
             }
         }

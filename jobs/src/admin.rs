@@ -1194,7 +1194,9 @@ pub struct KindLimitsRow {
 /// then a runtime may start jobs under the old limit: lowering a limit does not stop
 /// jobs already running, which finish, and the kind runs at the new limit once enough
 /// of them have. A concurrency of 0, or a rate of no starts or over no time, is an
-/// [`Error::InvalidInput`] (pause the kind instead, [`pause`]).
+/// [`Error::InvalidInput`] (pause the kind instead, [`pause`]); so are an empty kind, a
+/// kind with a NUL character or longer than [`MAX_KIND_BYTES`](crate::MAX_KIND_BYTES),
+/// and a rate's window longer than [`MAX_RATE_WINDOW`](crate::MAX_RATE_WINDOW) (30 days).
 ///
 /// ```no_run
 /// # async fn demo(pool: jobs::sqlx::PgPool) -> Result<(), jobs::Error> {
@@ -1224,6 +1226,13 @@ where
                 "a rate of {} starts per {:?} for kind `{kind}` would never run its jobs \
                  (a window is at least 1 ms): pause the kind instead (jobs::admin::pause)",
                 r.starts, r.per
+            )));
+        }
+        Some(r) if r.per > crate::limits::MAX_RATE_WINDOW => {
+            return Err(Error::InvalidInput(format!(
+                "a rate over {:?} for kind `{kind}` is longer than the 30 days a rate's window \
+                 may last (jobs::MAX_RATE_WINDOW)",
+                r.per
             )));
         }
         Some(r) => Some((

@@ -87,9 +87,31 @@ pub(crate) struct Inner {
     pub db_clock: Option<(i64, std::time::Instant)>,
     /// Transaction mode: the handler's transaction, opened at its first use.
     pub tx: Option<Mutex<TxSlot>>,
+    /// When the last renewal of this claim that answered was sent (at first, the
+    /// claim's statement), on this process's monotonic clock: the database's
+    /// `claimed_until` is at least a lease after it ([`Inner::lease_deadline`]).
+    pub renewed: std::sync::Mutex<std::time::Instant>,
 }
 
 impl Inner {
+    /// The moment, on this process's monotonic clock, from which the database may give
+    /// this job to another claim, less a margin for telling the handler: a lease after
+    /// the last renewal that answered was sent ([`Inner::renewed`]), less a tenth of
+    /// the lease (at most a second). Measured without the database, so a runtime cut
+    /// off from it still tells its handlers in time (SPEC invariant 13).
+    pub(crate) fn lease_deadline(&self) -> std::time::Instant {
+        let lease = self.config.lease_length();
+        let margin = (lease / 10).min(std::time::Duration::from_secs(1));
+        *self.renewed.lock().expect("lock poisoned") + (lease - margin)
+    }
+
+    /// Whether the handler is past [`Inner::lease_deadline`] while it still runs.
+    pub(crate) fn past_deadline(&self) -> bool {
+        !self.finished.load(Ordering::Acquire)
+            && !self.completed.load(Ordering::Acquire)
+            && std::time::Instant::now() >= self.lease_deadline()
+    }
+
     /// How long after now (on the database's clock, estimated from the claim's time)
     /// the kind's next run is due: its period, or the time to its next cron fire.
     pub(crate) fn next_run_ms(&self) -> Option<i64> {
@@ -278,11 +300,15 @@ impl JobContext {
         &self.inner.pool
     }
 
-    /// Whether the claim is known to be lost: its lease expired or another runtime took
-    /// the job over. A handler that keeps running past this must not write results
-    /// except through [`fenced_tx`](Self::fenced_tx), which will refuse them.
+    /// Whether the claim is known or presumed lost: another runtime took the job over,
+    /// or its lease may have ended, because no renewal answered for (nearly) a lease.
+    /// The latter is measured on this process's monotonic clock from when the last
+    /// renewal that answered was sent, so it turns true before the database could
+    /// give the job to another claim, whether or not the runtime can reach the
+    /// database. A handler that keeps running past this must not write results except
+    /// through [`fenced_tx`](Self::fenced_tx), which will refuse them.
     pub fn is_lease_lost(&self) -> bool {
-        *self.inner.lost.borrow()
+        *self.inner.lost.borrow() || self.inner.past_deadline()
     }
 
     /// Resolves when the claim is lost; never resolves while it is held.

@@ -41,7 +41,8 @@ pub enum Error {
     /// loop); its running jobs were handed back first.
     Runtime(String),
     /// The database has no job table (or not the version this library needs, or a
-    /// newer one). The message names the database and says what to run.
+    /// newer one), or the role lacks a grant the runtime needs. The message names the
+    /// database and says what to run (the missing `GRANT` statements).
     Schema(String),
 }
 

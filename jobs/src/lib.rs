@@ -363,7 +363,7 @@ pub use error::Error;
 pub use history::{AttemptError, FailureKind};
 pub use job::{CronSchedule, Job, JobConfig, KeyPart, Lease, Rate};
 pub use limits::{
-    DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEY_BYTES, MAX_KIND_BYTES, max_payload_bytes,
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEY_BYTES, MAX_KIND_BYTES, MAX_RATE_WINDOW, max_payload_bytes,
     set_max_payload_bytes,
 };
 

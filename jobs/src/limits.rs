@@ -48,8 +48,25 @@ pub fn max_payload_bytes() -> usize {
     MAX_PAYLOAD.load(Ordering::Relaxed)
 }
 
-/// Refuses a kind or key the job table's indexes cannot hold.
+/// The longest window of a rate an operator sets (`jobs::admin::set_limits`): 30 days.
+/// The window's starts are kept in `jobs_starts` for as long as it lasts, a row per
+/// claim: a longer window is a rate of its own kind of job (a periodic one).
+pub const MAX_RATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// Refuses a kind or key the job table's indexes cannot hold, or PostgreSQL's text
+/// cannot (a NUL character), and an empty kind.
 pub(crate) fn check_kind_and_key(kind: &str, key: Option<&str>) -> Result<(), Error> {
+    if kind.is_empty() {
+        return Err(Error::InvalidInput(
+            "the kind is empty: a kind names a job type, such as `email.send`".to_owned(),
+        ));
+    }
+    if kind.contains('\0') {
+        return Err(Error::InvalidInput(format!(
+            "the kind `{}` contains a NUL character, which PostgreSQL text cannot store",
+            prefix(kind).escape_debug()
+        )));
+    }
     if kind.len() > MAX_KIND_BYTES {
         return Err(Error::InvalidInput(format!(
             "the kind `{}…` is {} bytes long: kinds may be up to {MAX_KIND_BYTES} bytes",

@@ -145,3 +145,51 @@ pub(crate) async fn check(db: &sqlx::PgPool) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// Every privilege a runtime needs, table by table: the README's "Privileges" list
+/// for a runtime (and an application that enqueues). `jobs_starts` is written by the
+/// claims of kinds with a rate; `jobs_limits` and `jobs_paused` are read at every poll.
+pub(crate) const RUNTIME_GRANTS: &[(&str, &str)] = &[
+    ("jobs", "SELECT, INSERT, UPDATE, DELETE"),
+    ("jobs_paused", "SELECT"),
+    ("jobs_limits", "SELECT"),
+    ("jobs_starts", "SELECT, INSERT, DELETE"),
+    ("jobs_runtimes", "SELECT, INSERT, UPDATE, DELETE"),
+    ("jobs_throughput", "SELECT, INSERT, UPDATE, DELETE"),
+];
+
+/// The grants of [`RUNTIME_GRANTS`] that the connection's role lacks, as the `GRANT`
+/// statements that would give them (one per table). Index: none; it reads the
+/// catalogs once, at start.
+const MISSING_GRANTS: &str = r#"
+SELECT format('GRANT %s ON %s TO %s', string_agg(p.privilege, ', ' ORDER BY p.ord),
+              g.tab, quote_ident(current_user))
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS g(tab, privileges, n)
+CROSS JOIN LATERAL unnest(string_to_array(g.privileges, ', ')) WITH ORDINALITY AS p(privilege, ord)
+WHERE to_regclass(g.tab) IS NOT NULL AND NOT has_table_privilege(g.tab, p.privilege)
+GROUP BY g.n, g.tab
+ORDER BY g.n
+"#;
+
+/// Checks, before a runtime starts, that its role has every grant it needs
+/// ([`RUNTIME_GRANTS`]): a role that lacks one would run some kinds and not others
+/// (a rate's claims fail, a pause goes unread), so it refuses to start, naming the
+/// `GRANT` statements to run.
+pub(crate) async fn check_grants(db: &sqlx::PgPool) -> Result<(), Error> {
+    let (tables, privileges): (Vec<&str>, Vec<&str>) = RUNTIME_GRANTS.iter().copied().unzip();
+    let missing: Vec<String> = crate::pooler::alone!(
+        db,
+        crate::pooler::query_scalar(MISSING_GRANTS)
+            .bind(&tables)
+            .bind(&privileges),
+        fetch_all
+    )
+    .await?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Schema(format!(
+        "the database role lacks privileges the runtime needs (see the README's \"Privileges\"); run, as the owner of the job tables: {}",
+        missing.join("; ")
+    )))
+}

@@ -871,7 +871,12 @@ macro_rules! partition_of {
 /// to end, or, with `wait`, until the first partition at its rate has room again), or
 /// `spare` when it took all `$2`, or `held` when it took less than `$2` and less than
 /// it chose: a row chosen was locked by another transaction (`CLAIM_LIMITED` says why
-/// that matters).
+/// that matters), or `more` when it took less than `$2` because its walk ended at its
+/// length among rows that did not fit (a backlog of partitions it just filled): the
+/// runtime claims the kind again at once, and that claim, counting what this one
+/// took as running, passes those partitions by. Each such claim takes at least a row
+/// (the first row of each partition in the walk fits), so they end; without it, one
+/// partition's backlog ahead of the others held the kind to about a job per claim.
 ///
 /// Index: `jobs_running` for the count per partition (reading each running row's
 /// `part`, or its payload where an older runtime claimed it); `jobs_starts_kind_at`
@@ -965,6 +970,7 @@ UNION ALL
 SELECT NULL, $1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        CASE WHEN (SELECT count(*) FROM picked) >= $2 THEN 'spare'
             WHEN (SELECT count(*) FROM picked) < (SELECT count(*) FROM chosen) THEN 'held'
+            WHEN (SELECT count(*) FROM walk) >= $2 * 2 + 100 THEN 'more'
             ELSE 'cut' END,
        CASE WHEN (SELECT count(*) FROM picked) < $2 THEN
            (SELECT extract(epoch FROM min(s.oldest) + $8 * interval '1 millisecond'

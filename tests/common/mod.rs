@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use jobs::{JobContext, JobError, Runtime};
@@ -166,4 +167,96 @@ pub async fn prepare_generic(
         .execute(&mut *conn)
         .await
         .unwrap();
+}
+
+/// A TCP proxy to PostgreSQL that the test can cut (dropping every connection and
+/// refusing new ones), silence (dropping every connection, and holding each new one
+/// open without a word, for good) and restore.
+pub struct Proxy {
+    pub port: u16,
+    up: Arc<tokio::sync::watch::Sender<bool>>,
+    silent: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    pub async fn start(target: (String, u16)) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (up, _) = tokio::sync::watch::channel(true);
+        let up = Arc::new(up);
+        let state = up.clone();
+        let silent = Arc::new(AtomicBool::new(false));
+        let hush = silent.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if hush.load(Ordering::SeqCst) {
+                    held.push(inbound);
+                    continue;
+                }
+                if !*state.borrow() {
+                    let _ = tokio::io::AsyncWriteExt::shutdown(&mut inbound).await;
+                    continue;
+                }
+                let target = target.clone();
+                let mut down = state.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = down.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Proxy { port, up, silent }
+    }
+
+    /// A proxy to the database of `opts`, and a pool of five connections through it
+    /// that waits a second at most for one.
+    pub async fn pool(opts: &sqlx::postgres::PgConnectOptions) -> (Proxy, PgPool) {
+        let proxy = Proxy::start((opts.get_host().to_owned(), opts.get_port())).await;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(5)
+            .acquire_timeout(Duration::from_secs(1))
+            .connect_with(opts.clone().host("127.0.0.1").port(proxy.port))
+            .await
+            .unwrap();
+        (proxy, pool)
+    }
+
+    pub fn cut(&self) {
+        self.up.send_replace(false);
+    }
+
+    pub fn silence(&self) {
+        self.silent.store(true, Ordering::SeqCst);
+        self.up.send_replace(false);
+    }
+
+    pub fn restore(&self) {
+        self.silent.store(false, Ordering::SeqCst);
+        self.up.send_replace(true);
+    }
+}
+
+/// The SQL blocks of the README's "Privileges" section, in order: the runtime's grants
+/// (to `app_runtime`), then the operators' (to `app_operator`).
+pub fn readme_grants() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let section = readme
+        .split("\n## Privileges\n")
+        .nth(1)
+        .expect("the README has a Privileges section");
+    let section = section.split("\n## ").next().unwrap();
+    section
+        .split("```sql\n")
+        .skip(1)
+        .map(|block| block.split("```").next().unwrap().to_owned())
+        .collect()
 }

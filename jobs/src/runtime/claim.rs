@@ -27,6 +27,9 @@ pub(super) struct ClaimRow {
     pub(super) run_after: Option<f64>,
     pub(super) priority: i16,
     pub(super) held_back: Option<f64>,
+    /// When the statement that claimed it was sent ([`ClaimRow::sent_at`]; until
+    /// then, when it was read): its lease runs from a moment after it.
+    pub(super) sent: Instant,
 }
 
 /// Where a claim's columns are in its rows, found once per claim: looked up by name in
@@ -101,7 +104,15 @@ impl ClaimRow {
                 .map(|i| row.try_get(i))
                 .transpose()?
                 .flatten(),
+            sent: Instant::now(),
         })
+    }
+
+    /// Records that the statement that claimed `rows` was sent at `at`.
+    pub(super) fn sent_at(rows: &mut [ClaimRow], at: Instant) {
+        for row in rows {
+            row.sent = at;
+        }
     }
 }
 
@@ -274,8 +285,11 @@ impl Ask {
             .bind(shared.runtime_id)
             .bind(&self.writers.0)
             .bind(&self.writers.1);
+        let sent = Instant::now();
         let rows = held.fetch_planned(self.statement, query).await?;
-        Taken::read(&rows)
+        let mut taken = Taken::read(&rows)?;
+        ClaimRow::sent_at(&mut taken.rows, sent);
+        Ok(taken)
     }
 }
 
@@ -451,7 +465,7 @@ pub(super) fn start(shared: &Arc<Shared>, row: ClaimRow, executors: &mut JoinSet
         max_attempts: u32::try_from(row.max_attempts).unwrap_or(1),
         token: row.claimed_by,
         payload: row.payload,
-        claimed_at: Instant::now(),
+        claimed_at: row.sent,
         db_claimed_us,
     };
     // Boxed: the executor's future is about 1.8 KB, and a task's future is moved and
@@ -482,6 +496,7 @@ mod tests {
             run_after: Some(run_after),
             priority,
             held_back: None,
+            sent: std::time::Instant::now(),
         }
     }
 

@@ -223,6 +223,7 @@ async fn hand_off(
             .bind(tokens);
         (sql::HAND_OFF, query)
     };
+    let sent = std::time::Instant::now();
     let rows = conn.fetch_planned(statement, query.bind(runtime)).await?;
     let mut on = HandedOn::default();
     let mut claimed = Vec::new();
@@ -234,6 +235,7 @@ async fn hand_off(
             HandOffRow::Job(job) => claimed.push(job),
         }
     }
+    ClaimRow::sent_at(&mut claimed, sent);
     for kind in kinds {
         let ended = hand
             .iter()

@@ -3,13 +3,21 @@
 
 use std::time::Duration;
 
+use sqlx::PgPool;
+
 use super::Shared;
 
 /// An error of a runtime statement in the server's words; for a wait for the runtime's
 /// pool that ran out, why the pool could not open a connection.
 pub(super) async fn why(shared: &Shared, e: &sqlx::Error) -> String {
+    why_of(&shared.db, &shared.pool, e).await
+}
+
+/// [`why`], for the runtime's pool `db` beside the application's `pool`, before the
+/// runtime's tasks share them (the check at start).
+pub(super) async fn why_of(db: &PgPool, pool: &PgPool, e: &sqlx::Error) -> String {
     if matches!(e, sqlx::Error::PoolTimedOut) {
-        refusal(shared).await
+        refusal(db, pool).await
     } else {
         crate::error::server_message(e)
     }
@@ -18,9 +26,9 @@ pub(super) async fn why(shared: &Shared, e: &sqlx::Error) -> String {
 /// Why the runtime's pool found no connection in time: the server's answer to a
 /// connection with the pool's settings (sqlx reports only that the wait timed out),
 /// what the runtime needs, and the server's limits.
-async fn refusal(shared: &Shared) -> String {
+async fn refusal(db: &PgPool, pool: &PgPool) -> String {
     use sqlx::{ConnectOptions, Connection};
-    let options = shared.db.connect_options();
+    let options = db.connect_options();
     let why = match tokio::time::timeout(Duration::from_secs(1), options.connect()).await {
         Ok(Ok(conn)) => {
             let _ = conn.close().await;
@@ -33,17 +41,21 @@ async fn refusal(shared: &Shared) -> String {
     format!(
         "{why} (the runtime needs {} connections of its own besides the application's pool; {})",
         super::RUNTIME_CONNECTIONS,
-        budget(shared).await
+        budget_of(pool).await
     )
 }
 
 /// The server's connection limits as the application's pool sees them (`max_connections`
 /// and how many are open), or why they cannot be read.
 pub(super) async fn budget(shared: &Shared) -> String {
+    budget_of(&shared.pool).await
+}
+
+async fn budget_of(pool: &PgPool) -> String {
     let query = crate::pooler::query_as::<_, (String, i64)>(
         "SELECT current_setting('max_connections'), (SELECT count(*) FROM pg_stat_activity)",
     )
-    .fetch_one(&shared.pool);
+    .fetch_one(pool);
     match tokio::time::timeout(Duration::from_secs(1), query).await {
         Ok(Ok((max, open))) => format!("max_connections = {max}, {open} open"),
         Ok(Err(e)) => format!(

@@ -28,6 +28,7 @@ pub(crate) struct Claimed {
     pub max_attempts: u32,
     pub token: Uuid,
     pub payload: String,
+    /// When the claim's statement was sent: its lease runs from a moment after it.
     pub claimed_at: Instant,
     /// The database's clock at the claim, in microseconds since the epoch (for the next
     /// fire time of a cron kind).
@@ -103,6 +104,7 @@ impl Claimed {
                 .config
                 .is_transaction()
                 .then(|| Mutex::new(TxSlot::Unopened)),
+            renewed: std::sync::Mutex::new(self.claimed_at),
         })
     }
 }
@@ -135,8 +137,6 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
         Flight {
             ctx: inner.clone(),
             lost: lost_tx,
-            lease: handler.config.lease_length(),
-            last_renewed: job.claimed_at,
         },
     );
     let ctx = JobContext {
@@ -158,7 +158,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
                 shared.throughput.record(handler.kind, now, label, None);
             }
             tracing::debug!(outcome = label, "claim ended before its handler started");
-            return finish(&shared, &inner, job.claimed_at, outcome).await;
+            return finish(&shared, &inner, outcome).await;
         }
     };
 
@@ -199,7 +199,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
         outcome,
         Outcome::Retry(..) | Outcome::Permanent(..) | Outcome::Snooze(_)
     );
-    let completer_writes = finish(&shared, &inner, job.claimed_at, outcome).await;
+    let completer_writes = finish(&shared, &inner, outcome).await;
     if may_be_due {
         shared.wake.name([handler.kind]);
     }
@@ -319,11 +319,21 @@ async fn run_handler(
         payload,
         ctx: ctx.clone(),
     });
-    let guarded = AssertUnwindSafe(future).catch_unwind();
+    let mut guarded = std::pin::pin!(AssertUnwindSafe(future).catch_unwind());
+    // Each time the handler resumes, its lease's deadline is checked first: a process
+    // frozen past it (SIGSTOP, a paused VM) drops the handler at its next await, even
+    // before the heartbeat's thread has run again.
+    let inner = ctx.inner.clone();
+    let checked = std::future::poll_fn(move |cx| {
+        if cancel_on_loss && inner.past_deadline() {
+            return std::task::Poll::Ready(None);
+        }
+        guarded.as_mut().poll(cx).map(Some)
+    });
     let timed = async {
         match timeout {
-            Some(limit) => tokio::time::timeout(limit, guarded).await.ok(),
-            None => Some(guarded.await),
+            Some(limit) => tokio::time::timeout(limit, checked).await.ok(),
+            None => Some(checked.await),
         }
     };
     let mut hard_stop = shared.hard_stop.clone();
@@ -333,9 +343,10 @@ async fn run_handler(
                 "timed out after {:?}",
                 timeout.unwrap_or_default()
             )),
-            Some(Ok(Ok(()))) => Outcome::Succeeded,
-            Some(Ok(Err(e))) => Outcome::of(&e.kind),
-            Some(Err(panic)) => Outcome::Retry(
+            Some(None) => Outcome::LeaseLost,
+            Some(Some(Ok(Ok(())))) => Outcome::Succeeded,
+            Some(Some(Ok(Err(e)))) => Outcome::of(&e.kind),
+            Some(Some(Err(panic))) => Outcome::Retry(
                 FailureKind::Panic,
                 format!("handler panicked: {}", panic_message(&*panic)),
             ),
@@ -403,7 +414,7 @@ pub(super) fn panic_message(panic: &(dyn Any + Send)) -> String {
 /// database error is retried until the lease has surely run out (after that the write
 /// would be refused anyway, and the rescuer returns the job). Returns whether the
 /// outcome went to the completer.
-async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outcome) -> bool {
+async fn finish(shared: &Shared, job: &Inner, outcome: Outcome) -> bool {
     let forget = || {
         shared
             .flights
@@ -452,13 +463,7 @@ async fn finish(shared: &Shared, job: &Inner, claimed_at: Instant, outcome: Outc
                 break;
             }
             Err(e) => {
-                let last_renewed = shared
-                    .flights
-                    .lock()
-                    .expect("lock poisoned")
-                    .get(&job.token)
-                    .map_or(claimed_at, |f| f.last_renewed);
-                if last_renewed.elapsed() > lease {
+                if Instant::now() >= *job.renewed.lock().expect("lock poisoned") + lease {
                     tracing::warn!(error = %crate::error::server_message(&e), "cannot write the job's outcome and its lease has run out; it will be rescued");
                     break;
                 }

@@ -95,6 +95,9 @@ pub(super) struct Taken {
     /// The kinds that took less than their limits allowed while a due job of theirs
     /// was held by another transaction.
     pub(super) held: Vec<String>,
+    /// The partitioned kinds whose walk ended among rows of partitions it filled: to
+    /// claim again at once ([`sql::CLAIM_PARTITIONED`]).
+    pub(super) more: Vec<String>,
 }
 
 /// One row of [`sql::CLAIM_LIMITED`]: a claimed job, or a kind's mark.
@@ -103,6 +106,7 @@ enum LimitedRow {
     Cut(String, Option<Duration>),
     Spare(String),
     Held(String),
+    More(String),
 }
 
 impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
@@ -115,6 +119,7 @@ impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for LimitedRow {
                 return Ok(LimitedRow::Cut(row.try_get("kind")?, wait));
             }
             Some("held") => return Ok(LimitedRow::Held(row.try_get("kind")?)),
+            Some("more") => return Ok(LimitedRow::More(row.try_get("kind")?)),
             Some(_) => return Ok(LimitedRow::Spare(row.try_get("kind")?)),
             None => {}
         }
@@ -132,6 +137,7 @@ pub(super) async fn claim(
     conn: &mut PoolConnection<Postgres>,
     asks: &[(&'static HandlerInfo, usize, Limit)],
 ) -> Result<Taken, sqlx::Error> {
+    let sent = std::time::Instant::now();
     let all: Vec<&str> = asks.iter().map(|(h, _, _)| h.kind).collect();
     let (split, whole): (Vec<_>, Vec<_>) = asks
         .iter()
@@ -181,6 +187,7 @@ pub(super) async fn claim(
         cut: Vec::new(),
         spare: Vec::new(),
         held: Vec::new(),
+        more: Vec::new(),
     };
     for row in rows {
         match row {
@@ -188,8 +195,10 @@ pub(super) async fn claim(
             LimitedRow::Cut(kind, wait) => taken.cut.push((kind, wait)),
             LimitedRow::Spare(kind) => taken.spare.push(kind),
             LimitedRow::Held(kind) => taken.held.push(kind),
+            LimitedRow::More(kind) => taken.more.push(kind),
         }
     }
+    ClaimRow::sent_at(&mut taken.rows, sent);
     Ok(taken)
 }
 

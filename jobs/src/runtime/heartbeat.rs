@@ -124,8 +124,13 @@ async fn connect_own(beat: &Beat) -> Result<PgConnection, sqlx::Error> {
 /// Renews every held claim in one statement, three times per (shortest) lease: from the
 /// claim until its outcome is written, in every lease mode. A renewal that fails is
 /// tried again on a fresh connection within [`Link::retry_cap`], not a third of a lease
-/// later: a lease outlives only two missed renewals.
+/// later: a lease outlives only two missed renewals. Beside it, [`watch`] tells each
+/// handler whose lease may have ended, connection or not.
 async fn run(beat: &Beat) {
+    tokio::join!(renew(beat), watch(beat));
+}
+
+async fn renew(beat: &Beat) {
     let tick = (beat.shortest / 3).max(Duration::from_millis(20));
     let mut link = Link::new(tick);
     loop {
@@ -135,14 +140,63 @@ async fn run(beat: &Beat) {
             let sent_at = Instant::now();
             let result = link.renew(&batch, beat.shortest / 2).await;
             beat.renewals(result.as_ref().map(drop));
-            let flights = &mut *beat.flights.lock().expect("lock poisoned");
             match result {
-                Ok(rows) => renewed(flights, rows, sent_at),
-                Err(e) => not_renewed(flights, &e),
+                Ok(rows) => renewed(
+                    &mut beat.flights.lock().expect("lock poisoned"),
+                    rows,
+                    sent_at,
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %crate::error::server_message(&e), "cannot renew job leases")
+                }
             }
         }
         tokio::time::sleep(link.next_in()).await;
     }
+}
+
+/// Tells each running handler whose lease may have ended ([`Inner::lease_deadline`]:
+/// no renewal that answered was sent for nearly a lease) that it is lost, at that
+/// moment, on this process's monotonic clock. It needs no connection: a runtime cut
+/// off from the database tells its handlers before the database can give their jobs
+/// to another claim. It wakes at the earliest deadline, and at least four times per
+/// (shortest) lease to see new claims and renewals.
+///
+/// [`Inner::lease_deadline`]: crate::context::Inner::lease_deadline
+async fn watch(beat: &Beat) {
+    let most = (beat.shortest / 4).max(Duration::from_millis(5));
+    loop {
+        let next = expire(&beat.flights.lock().expect("lock poisoned"));
+        let cap = Instant::now() + most;
+        tokio::time::sleep_until(next.map_or(cap, |at| at.min(cap)).into()).await;
+    }
+}
+
+/// Tells the handlers past their deadline that their lease is lost; returns the
+/// earliest deadline of the others.
+fn expire(flights: &HashMap<Uuid, Flight>) -> Option<Instant> {
+    let now = Instant::now();
+    let mut next: Option<Instant> = None;
+    for flight in flights.values() {
+        if *flight.lost.borrow()
+            || flight.ctx.finished.load(Ordering::Acquire)
+            || flight.ctx.completed.load(Ordering::Acquire)
+        {
+            continue;
+        }
+        let deadline = flight.ctx.lease_deadline();
+        if deadline <= now {
+            tracing::warn!(
+                job.id = flight.ctx.id,
+                job.kind = flight.ctx.kind,
+                "lease presumed lost: no renewal answered for a lease; the job may run elsewhere"
+            );
+            let _ = flight.lost.send(true);
+        } else {
+            next = Some(next.map_or(deadline, |n| n.min(deadline)));
+        }
+    }
+    next
 }
 
 /// The renewals' connection, and when to try again to open one.
@@ -270,7 +324,7 @@ impl Batch {
             }
             batch.ids.push(flight.ctx.id);
             batch.tokens.push(*token);
-            batch.leases.push(millis(flight.lease));
+            batch.leases.push(millis(flight.ctx.config.lease_length()));
         }
         batch
     }
@@ -284,7 +338,8 @@ fn renewed(flights: &mut HashMap<Uuid, Flight>, rows: Vec<Renewal>, sent_at: Ins
             continue; // finished meanwhile
         };
         if renewed {
-            flight.last_renewed = sent_at;
+            let mut at = flight.ctx.renewed.lock().expect("lock poisoned");
+            *at = (*at).max(sent_at);
         } else if held {
             // Its row is locked by another transaction: try again next beat.
             tracing::debug!(
@@ -304,23 +359,6 @@ fn renewed(flights: &mut HashMap<Uuid, Flight>, rows: Vec<Renewal>, sent_at: Ins
                 job.id = flight.ctx.id,
                 job.kind = flight.ctx.kind,
                 "lease lost: the claim expired or was taken over"
-            );
-            let _ = flight.lost.send(true);
-        }
-    }
-}
-
-/// A failed renewal: without one for a whole lease the claim may be gone, so its
-/// handler hears that it is lost, measured on this process's monotonic clock (a
-/// duration, not a time).
-fn not_renewed(flights: &mut HashMap<Uuid, Flight>, e: &sqlx::Error) {
-    tracing::warn!(error = %crate::error::server_message(e), "cannot renew job leases");
-    for flight in flights.values_mut() {
-        if flight.last_renewed.elapsed() >= flight.lease && !*flight.lost.borrow() {
-            tracing::warn!(
-                job.id = flight.ctx.id,
-                job.kind = flight.ctx.kind,
-                "lease presumed lost: not renewed for a whole lease"
             );
             let _ = flight.lost.send(true);
         }

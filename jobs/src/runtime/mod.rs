@@ -27,7 +27,7 @@ pub(crate) mod throughput;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
@@ -212,7 +212,7 @@ impl Runtime {
         self.announce(&handlers);
         let db = self.own_pool();
         tokio::pin!(shutdown);
-        if !check_table(&db, shutdown.as_mut()).await? {
+        if !check_table(&db, &self.pool, shutdown.as_mut()).await? {
             return Ok(RunCounts::default());
         }
         let (shared, ends) = self.share(handlers, db);
@@ -695,17 +695,27 @@ struct Ends {
 /// Checks that the job table is there, at this library's version: an error at once
 /// rather than retries forever. An unreachable database is waited out. Returns false
 /// if `shutdown` came first.
-async fn check_table<F>(db: &PgPool, mut shutdown: std::pin::Pin<&mut F>) -> Result<bool, Error>
+async fn check_table<F>(
+    db: &PgPool,
+    pool: &PgPool,
+    mut shutdown: std::pin::Pin<&mut F>,
+) -> Result<bool, Error>
 where
     F: Future<Output = ()>,
 {
     let mut backoff = backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
     loop {
-        match crate::migrate::check(db).await {
+        let checked = match crate::migrate::check(db).await {
+            Ok(()) => crate::migrate::check_grants(db).await,
+            Err(e) => Err(e),
+        };
+        match checked {
             Ok(()) => return Ok(true),
             Err(Error::Database(e)) if crate::migrate::is_transient(&e) => {
                 let wait = backoff.next();
-                tracing::warn!(error = %Error::Database(e), retry_in = ?wait, "cannot reach the database to check the job table; retrying");
+                // A pool that timed out says nothing of why: ask the server.
+                let error = connections::why_of(db, pool, &e).await;
+                tracing::warn!(%error, retry_in = ?wait, "cannot reach the database to check the job table; retrying");
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     () = &mut shutdown => {
@@ -924,8 +934,6 @@ struct Held {
 pub(crate) struct Flight {
     ctx: Arc<Inner>,
     lost: watch::Sender<bool>,
-    lease: Duration,
-    last_renewed: Instant,
 }
 
 /// Tells a claim's executor that an operator cancelled its job: the handler is

@@ -8,13 +8,30 @@ use crate::sql;
 
 /// The kinds an operator has paused (`jobs::admin::pause`), as last read. The limits
 /// read with them go to [`Shared`]'s `limits`, where the executors read them too.
+///
+/// Fails closed: until a reading succeeds, and after one fails for any reason but an
+/// outage (a revoked grant, say), every kind counts as paused, so that no kind an
+/// operator paused runs because its pause could not be read. An outage keeps the last
+/// reading: the claims cannot reach the database either.
 #[derive(Default)]
 pub(super) struct Paused {
-    pub(super) kinds: std::collections::HashSet<String>,
+    kinds: std::collections::HashSet<String>,
     pub(super) read_at: Option<Instant>,
+    /// Whether `kinds` holds a reading that still stands.
+    known: bool,
 }
 
 impl Paused {
+    /// Whether `kind` is not to be claimed: paused, or its pause state unknown.
+    pub(super) fn holds(&self, kind: &str) -> bool {
+        !self.known || self.kinds.contains(kind)
+    }
+
+    /// Whether some kind is not to be claimed for that reason.
+    pub(super) fn holds_any(&self) -> bool {
+        !self.known || !self.kinds.is_empty()
+    }
+
     /// Reads the paused kinds and the limits again; keeps the last reading if the
     /// database does not answer (the claim that follows reports the outage).
     pub(super) async fn read(&mut self, shared: &Shared, conn: &mut Option<super::HeldConn>) {
@@ -29,6 +46,7 @@ impl Paused {
             )
             .await
         };
+        let first = self.read_at.is_none();
         self.read_at = Some(Instant::now());
         match super::answer_within(shared.answer_within, "the paused kinds", query).await {
             Ok(rows) => {
@@ -48,7 +66,11 @@ impl Paused {
                         shared.wake.named().insert(kind);
                     }
                 }
+                if !self.known && self.read_at.is_some() {
+                    tracing::info!("the paused kinds are read again: claiming");
+                }
                 self.kinds = kinds;
+                self.known = true;
                 let set: Vec<super::global::Set> = rows
                     .into_iter()
                     .filter(|(_, paused, ..)| !*paused)
@@ -58,7 +80,19 @@ impl Paused {
             }
             Err(e) => {
                 *conn = None;
-                tracing::debug!(error = %crate::error::server_message(&e), "cannot read the paused kinds");
+                let outage = crate::migrate::is_transient(&e);
+                if self.known && outage {
+                    tracing::debug!(error = %crate::error::server_message(&e), "cannot read the paused kinds; keeping the last reading");
+                } else if self.known || first {
+                    // Once per change from known to unknown, not at every poll.
+                    tracing::warn!(
+                        error = %crate::error::server_message(&e),
+                        "cannot read which kinds are paused (jobs_paused, jobs_limits): claiming no kind until they can be read"
+                    );
+                    self.known = false;
+                } else {
+                    tracing::debug!(error = %crate::error::server_message(&e), "still cannot read the paused kinds");
+                }
             }
         }
     }

@@ -343,7 +343,7 @@ impl Producer {
         let (total, mut per_kind) = self.shared.free(&self.rates.ahead, self.rates.total);
         let limits = self.shared.limits.read().expect("lock poisoned");
         for (info, free) in &mut per_kind {
-            if self.paused.kinds.contains(info.kind) || self.at_limit.contains_key(info.kind) {
+            if self.paused.holds(info.kind) || self.at_limit.contains_key(info.kind) {
                 *free = 0;
             } else if limits.get(info.kind).is_some_and(|l| l.partition.is_none()) {
                 let ahead = self.rates.ahead.get(info.kind).copied().unwrap_or(0);
@@ -411,7 +411,7 @@ impl Producer {
     /// at most a poll interval or until the limit's time, so that a resume or a free
     /// share is seen even if no slot frees).
     async fn wait_for_room(&mut self) {
-        let paused = !self.paused.kinds.is_empty() || !self.at_limit.is_empty();
+        let paused = self.paused.holds_any() || !self.at_limit.is_empty();
         let wait = self.limit_due().unwrap_or(self.shared.poll_interval);
         tokio::select! {
             _ = self.shared.slot_freed.notified() => {}
@@ -668,6 +668,10 @@ impl Producer {
                         // writer works.
                         self.at_limit
                             .insert(info.kind, Instant::now() + WRITERS_POLL);
+                        self.seen.quiet.remove(info.kind);
+                    } else if taken.more.iter().any(|k| k == info.kind) {
+                        // Its walk ended among partitions it filled: the next turn
+                        // claims it again, passing them by.
                         self.seen.quiet.remove(info.kind);
                     } else if took < *n {
                         self.seen.quiet.insert(info.kind);

@@ -1,0 +1,165 @@
+//! A handler learns that its lease is lost before the database can give its job to
+//! another claim, whether or not its runtime can reach the database (SPEC invariant
+//! 13): counted here as handlers live at once, per job and per kind.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::{Proxy, Running, wait_until};
+use jobs::{Job, JobContext, JobError, Runtime};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "lease.cut", lease = "2s", global_concurrency = 2)]
+struct Cut {
+    n: u32,
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "lease.silent", lease = "2s", global_concurrency = 2)]
+struct Silent {
+    n: u32,
+}
+
+/// What one kind's runs came to (each test has a kind of its own).
+#[derive(Default, Clone)]
+struct Counts {
+    /// Handlers live now, and the most ever at once.
+    live: usize,
+    most: usize,
+    /// Per job: handlers live now, and the most ever at once.
+    per_job: HashMap<i64, (usize, usize)>,
+    /// Runs that ended (returned or dropped) with their lease lost.
+    told: usize,
+}
+
+static COUNTS: Mutex<Option<HashMap<&'static str, Counts>>> = Mutex::new(None);
+
+fn counts<T>(kind: &'static str, f: impl FnOnce(&mut Counts) -> T) -> T {
+    let mut all = COUNTS.lock().unwrap();
+    f(all
+        .get_or_insert_with(HashMap::new)
+        .entry(kind)
+        .or_default())
+}
+
+/// Counts a live handler from its start until it returns or is dropped.
+struct Live(JobContext);
+
+impl Live {
+    fn enter(ctx: &JobContext) -> Live {
+        counts(ctx.kind(), |c| {
+            c.live += 1;
+            c.most = c.most.max(c.live);
+            let job = c.per_job.entry(ctx.id()).or_default();
+            job.0 += 1;
+            job.1 = job.1.max(job.0);
+        });
+        Live(ctx.clone())
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let lost = self.0.is_lease_lost();
+        counts(self.0.kind(), |c| {
+            c.live -= 1;
+            c.told += usize::from(lost);
+            if let Some(job) = c.per_job.get_mut(&self.0.id()) {
+                job.0 -= 1;
+            }
+        });
+    }
+}
+
+/// Runs for six seconds (three leases), awaiting often.
+async fn six_seconds(ctx: JobContext) -> Result<(), JobError> {
+    let _live = Live::enter(&ctx);
+    for _ in 0..120 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+#[jobs::handler]
+async fn cut(_job: Cut, ctx: JobContext) -> Result<(), JobError> {
+    six_seconds(ctx).await
+}
+
+#[jobs::handler]
+async fn silent(_job: Silent, ctx: JobContext) -> Result<(), JobError> {
+    six_seconds(ctx).await
+}
+
+/// Runtime A runs both jobs through a proxy; then `fault` cuts it off. Runtime B, on a
+/// direct connection, takes both jobs over once their leases end and runs them to
+/// their end. Never more than the limit of handlers live, never one job's twice.
+async fn taken_over_after<J: Job>(
+    jobs: [J; 2],
+    fault: fn(&Proxy),
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    let kind = J::KIND;
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let (proxy, proxied) = Proxy::pool(&opts).await;
+    for job in &jobs {
+        job.enqueue(&pool).await.unwrap();
+    }
+    let runtime = |pool: &PgPool| {
+        Runtime::new(pool.clone())
+            .kinds([kind])
+            .poll_interval(Duration::from_millis(100))
+            .shutdown_grace(Duration::from_millis(100))
+    };
+    let a = Running::start(runtime(&proxied));
+    wait_until("runtime A runs both jobs", || async {
+        counts(kind, |c| c.live) == 2
+    })
+    .await;
+    // A renewal or two go through first.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    fault(&proxy);
+    let b = Running::start(runtime(&pool));
+    wait_until("runtime B runs both jobs to their end", || async {
+        common::count_kind(&pool, kind).await == 0
+    })
+    .await;
+    b.stop().await;
+    proxy.restore();
+    a.stop().await;
+
+    let counts = counts(kind, |c| c.clone());
+    assert_eq!(counts.told, 2, "both of A's runs heard of the loss");
+    assert_eq!(counts.per_job.len(), 2);
+    for (id, (_, most)) in counts.per_job {
+        assert_eq!(most, 1, "job {id} had two handlers live at once");
+    }
+    assert!(
+        counts.most <= 2,
+        "more handlers live than the global limit of 2"
+    );
+}
+
+/// The proxy drops every connection and refuses new ones: A's renewals cannot reach
+/// the database at all.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_runtime_cut_off_tells_its_handlers_before_the_jobs_are_taken_over(
+    _pool_opts: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    taken_over_after([Cut { n: 0 }, Cut { n: 1 }], Proxy::cut, opts).await;
+}
+
+/// The proxy drops every connection and holds each new one open without a word: A's
+/// renewals hang mid-statement rather than fail.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_runtime_whose_database_goes_silent_tells_its_handlers_in_time(
+    _pool_opts: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    taken_over_after([Silent { n: 0 }, Silent { n: 1 }], Proxy::silence, opts).await;
+}
