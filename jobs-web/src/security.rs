@@ -53,8 +53,13 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    /// `path` (starting with `/`) under the dashboard's prefix.
+    /// `path` (starting with `/`) under the dashboard's prefix. The home under a prefix
+    /// is the prefix itself: nested at `/admin/jobs`, axum routes `/admin/jobs` to the
+    /// dashboard's `/`, and answers 404 for `/admin/jobs/`.
     pub fn url(&self, path: &str) -> String {
+        if path == "/" && !self.prefix.is_empty() {
+            return self.prefix.clone();
+        }
         format!("{}{}", self.prefix, path)
     }
 }

@@ -565,6 +565,28 @@ async fn mounted_under_a_prefix_every_link_and_cookie_stays_under_it(pool: PgPoo
         get(&app, "/admin/jobs/assets/app.js", None).await.status,
         StatusCode::OK
     );
+    // Every link of every page answers, under the prefix and at the root (the brand,
+    // "Overview" and the chart's ranges linked `/admin/jobs/`, which answered 404).
+    let root = Router::new().merge(Dashboard::new(pool.clone()).router());
+    for (app, prefix) in [(&app, "/admin/jobs"), (&root, "")] {
+        for page in pages_of(id) {
+            let path = match page.as_str() {
+                "/" if !prefix.is_empty() => prefix.to_owned(),
+                _ => format!("{prefix}{page}"),
+            };
+            let body = get(app, &path, None).await.body;
+            for link in body.split("href=\"").skip(1) {
+                let link = link.split('"').next().unwrap().replace("&amp;", "&");
+                let home = link == prefix || link.starts_with(&format!("{prefix}?"));
+                assert!(
+                    home || link.starts_with(&format!("{prefix}/")),
+                    "{path}: {link}"
+                );
+                let followed = get(app, &link, None).await;
+                assert_eq!(followed.status, StatusCode::OK, "{path} links {link}");
+            }
+        }
+    }
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
