@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::{Proxy, Running, wait_until};
+use futures_util::FutureExt;
 use jobs::{Job, JobContext, JobError, Runtime};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -162,4 +163,138 @@ async fn a_runtime_whose_database_goes_silent_tells_its_handlers_in_time(
     opts: sqlx::postgres::PgConnectOptions,
 ) {
     taken_over_after([Silent { n: 0 }, Silent { n: 1 }], Proxy::silence, opts).await;
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "lease.frozen", lease = "2s", global_concurrency = 2)]
+struct Frozen {
+    n: u32,
+}
+
+/// Writes, every 50 ms for six seconds, that this run of the job is alive, on the
+/// database's clock: the runs of a job must never overlap in the table.
+#[jobs::handler]
+async fn frozen(_job: Frozen, ctx: JobContext) -> Result<(), JobError> {
+    for _ in 0..120 {
+        sqlx::query(
+            "INSERT INTO lease_alive (job_id, token, at) VALUES ($1, $2, clock_timestamp())",
+        )
+        .bind(ctx.id())
+        .bind(ctx.claim_token())
+        .execute(ctx.pool())
+        .await?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// The environment variable that makes [`frozen_child`] a runtime process, with its
+/// database's URL.
+const CHILD_ENV: &str = "JOBS_LEASE_CHILD_URL";
+
+/// Not a test on its own: the runtime process that
+/// `a_runtime_frozen_for_two_leases_drops_its_handlers_when_it_resumes` freezes.
+#[tokio::test]
+async fn frozen_child() {
+    let Ok(url) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&url)
+        .await
+        .expect("the child's database");
+    Runtime::new(pool)
+        .kinds(["lease.frozen"])
+        .poll_interval(Duration::from_millis(100))
+        .run()
+        .await
+        .expect("the child's runtime ends cleanly");
+}
+
+/// A runtime process frozen (SIGSTOP) for two leases while it runs two jobs, which
+/// another runtime takes over meanwhile, then resumed (SIGCONT): its handlers are
+/// dropped before they run again, so no run of a job writes after another run of it
+/// began. (Before, the resumed handlers went on beside the new ones.)
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_runtime_frozen_for_two_leases_drops_its_handlers_when_it_resumes(pool: PgPool) {
+    sqlx::query("CREATE TABLE lease_alive (job_id bigint, token uuid, at timestamptz)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for n in 0..2 {
+        Frozen { n }.enqueue(&pool).await.unwrap();
+    }
+    let options = pool.connect_options();
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let url = format!(
+        "postgres://{}@{}:{}/{db}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port()
+    );
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "frozen_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, &url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let alive = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(DISTINCT token) FROM lease_alive")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    wait_until("the child runs both jobs", || {
+        alive(pool.clone()).map(|n| n == 2)
+    })
+    .await;
+    let pid = child.id().unwrap().to_string();
+    let signal = |name: &str| {
+        std::process::Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap()
+    };
+    assert!(signal("-STOP").success());
+    let b = Running::start(
+        Runtime::new(pool.clone())
+            .kinds(["lease.frozen"])
+            .poll_interval(Duration::from_millis(100)),
+    );
+    wait_until("the jobs taken over", || {
+        alive(pool.clone()).map(|n| n == 4)
+    })
+    .await;
+    // Two leases frozen in all, then resumed while the new runs go on.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(signal("-CONT").success());
+    wait_until("the new runs end", || async {
+        common::count_kind(&pool, "lease.frozen").await == 0
+    })
+    .await;
+    b.stop().await;
+    child.kill().await.unwrap();
+    // For each job: the last write of its first run comes before the first write of
+    // the run that took it over.
+    let overlaps: Vec<(i64, f64)> = sqlx::query_as(
+        "WITH runs AS (
+             SELECT job_id, token, min(at) AS first, max(at) AS last
+             FROM lease_alive GROUP BY job_id, token)
+         SELECT a.job_id, extract(epoch FROM a.last - b.first)::float8
+         FROM runs a JOIN runs b ON a.job_id = b.job_id AND a.token <> b.token
+         WHERE a.first < b.first AND a.last >= b.first",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        overlaps.is_empty(),
+        "runs of one job overlapped: {overlaps:?}"
+    );
 }

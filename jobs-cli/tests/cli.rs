@@ -627,3 +627,94 @@ async fn a_missing_database_is_named_in_the_servers_words() {
     );
     assert!(!err.contains(" at line "), "{err}");
 }
+
+/// The SQL blocks of the README's "Privileges" section: the runtime's grants (to
+/// `app_runtime`), then the operators' (to `app_operator`).
+fn readme_grants() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let section = readme.split("\n## Privileges\n").nth(1).unwrap();
+    let section = section.split("\n## ").next().unwrap();
+    section
+        .split("```sql\n")
+        .skip(1)
+        .map(|block| block.split("```").next().unwrap().to_owned())
+        .collect()
+}
+
+/// Every command but `migrate` and `web` works for an operator whose role has exactly
+/// the README's grants (the runtime's and the operators'), and nothing through PUBLIC.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn every_command_runs_with_the_operators_documented_grants(pool: PgPool) {
+    let failed = insert(&pool, "email.send", "failed", Some("smtp: timeout")).await;
+    let discarded = insert(&pool, "email.send", "failed", Some("smtp: timeout")).await;
+    let pending = insert(&pool, "email.send", "pending", None).await;
+    insert(&pool, "report.build", "done", None).await;
+    // Roles are cluster-wide: named after this test's own database.
+    let db = pool
+        .connect_options()
+        .get_database()
+        .unwrap()
+        .to_lowercase();
+    let role: String = format!("ops{db}").chars().take(60).collect();
+    let grants = readme_grants();
+    assert_eq!(grants.len(), 2);
+    let setup = format!(
+        "REVOKE ALL ON SCHEMA public FROM PUBLIC; CREATE ROLE {role} LOGIN; {} {}",
+        grants[0].replace("app_runtime", &role),
+        grants[1].replace("app_operator", &role)
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let options = pool.connect_options();
+    let url = format!(
+        "postgres://{role}@{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap()
+    );
+    let (failed, discarded, pending) = (
+        failed.to_string(),
+        discarded.to_string(),
+        pending.to_string(),
+    );
+    let commands: [&[&str]; 14] = [
+        &["stats"],
+        &["history"],
+        &["list", "--state", "failed"],
+        &["show", &failed],
+        &["retry", &failed],
+        &["cancel", &pending],
+        &["discard", &discarded],
+        &["runtimes"],
+        &["pause", "email.send"],
+        &["resume", "email.send"],
+        &[
+            "limits",
+            "email.send",
+            "--concurrency",
+            "2",
+            "--rate",
+            "10/1s",
+        ],
+        &["limits"],
+        &["limits", "email.send", "--clear"],
+        &["prune", "--older-than", "1s"],
+    ];
+    for args in commands {
+        let out = jobs(&url, args).await;
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "jobsctl {args:?}: {}",
+            stderr(&out)
+        );
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+}

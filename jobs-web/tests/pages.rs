@@ -810,3 +810,114 @@ async fn failed_pages_leave_no_connection_in_a_transaction(pool: PgPool) {
     .unwrap();
     assert_eq!(stuck, 0, "connections left inside a transaction");
 }
+
+/// The README's "Privileges" section: its SQL blocks (the runtime's grants, then the
+/// operators'), and the text of its read-only line.
+fn readme_privileges() -> (Vec<String>, String) {
+    let readme = include_str!("../../README.md");
+    let section = readme.split("\n## Privileges\n").nth(1).unwrap();
+    let section = section.split("\n## ").next().unwrap();
+    let blocks = section
+        .split("```sql\n")
+        .skip(1)
+        .map(|block| block.split("```").next().unwrap().to_owned())
+        .collect();
+    (blocks, section.to_owned())
+}
+
+/// A login role named after the test's database, given `grants`, and a pool as it.
+async fn role_with(pool: &PgPool, suffix: &str, grants: &str) -> (String, PgPool) {
+    let db = pool
+        .connect_options()
+        .get_database()
+        .unwrap()
+        .to_lowercase();
+    let role: String = format!("{suffix}{db}").chars().take(60).collect();
+    let setup = format!(
+        "REVOKE ALL ON SCHEMA public FROM PUBLIC; CREATE ROLE {role} LOGIN; {}",
+        grants.replace("ROLE", &role)
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
+        .execute(pool)
+        .await
+        .unwrap();
+    let own = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(3)
+        .connect_with(pool.connect_options().as_ref().clone().username(&role))
+        .await
+        .unwrap();
+    (role, own)
+}
+
+async fn drop_role(pool: &PgPool, role: &str, own: PgPool) {
+    own.close().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// The dashboard under the README's grants: every page, and an action, for an
+/// operator; every page of a read-only dashboard for a role with the read-only grants
+/// the README lists.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn the_dashboard_runs_with_the_documented_grants(pool: PgPool) {
+    let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    let (blocks, text) = readme_privileges();
+    let operator_grants = format!(
+        "{} {}",
+        blocks[0].replace("app_runtime", "ROLE"),
+        blocks[1].replace("app_operator", "ROLE")
+    );
+    let (role, own) = role_with(&pool, "op", &operator_grants).await;
+    let app = Dashboard::new(own.clone()).router();
+    for path in pages_of(id) {
+        let page = get(&app, &path, None).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
+    }
+    let (cookie, csrf) = session(&app, &format!("/jobs/{id}")).await;
+    let pause = [
+        ("csrf", csrf.as_str()),
+        ("action", "pause"),
+        ("target", "mail.send"),
+        ("confirmed", "yes"),
+    ];
+    let paused_page = post(&app, "/action", &pause, Some(&cookie), &[]).await;
+    assert_eq!(paused_page.status, StatusCode::OK, "{}", paused_page.body);
+    assert!(paused(&pool, "mail.send").await);
+    drop_role(&pool, &role, own).await;
+
+    // "A read-only dashboard ... needs `USAGE` on the schema and `SELECT` on ...".
+    let line = text
+        .split("A read-only dashboard")
+        .nth(1)
+        .unwrap()
+        .split("\n\n")
+        .next()
+        .unwrap();
+    let tables: Vec<&str> = line
+        .split("`SELECT`")
+        .nth(1)
+        .unwrap()
+        .split("`.")
+        .next()
+        .unwrap()
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .collect();
+    assert!(tables.contains(&"jobs"), "{tables:?}");
+    let read_only = format!(
+        "GRANT USAGE ON SCHEMA public TO ROLE; GRANT SELECT ON {} TO ROLE;",
+        tables.join(", ")
+    );
+    let (role, own) = role_with(&pool, "ro", &read_only).await;
+    let app = Dashboard::new(own.clone()).read_only(true).router();
+    for path in pages_of(id) {
+        let page = get(&app, &path, None).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
+    }
+    drop_role(&pool, &role, own).await;
+}

@@ -147,7 +147,10 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     // meanwhile. If shutdown begins first, or no slot frees within `SLOT_WAIT_MAX`, it
     // is handed back unstarted (its attempt not counted); if its lease is lost
     // meanwhile it never starts.
-    let _slot = match slot(&shared, handler.kind, &inner).await {
+    let slot = slot(&shared, handler.kind, &inner)
+        .await
+        .and_then(|slot| in_time(&shared, handler.kind, &job).map(|()| slot));
+    let _slot = match slot {
         Ok(slot) => slot,
         Err(outcome) => {
             inner.finished.store(true, Ordering::Release);
@@ -254,6 +257,28 @@ async fn slot(shared: &Shared, kind: &str, job: &Inner) -> Result<Slot, Outcome>
             _ => Err(Outcome::Stopped),
         },
         () = tokio::time::sleep(SLOT_WAIT_MAX) => Err(Outcome::Stopped),
+    }
+}
+
+/// Whether a claim of `kind` may start now: one of a kind with a rate only within its
+/// margin of the claim ([`super::global::start_margin`]); a later one goes back
+/// unstarted, its attempt not spent, so that the rate holds at the handlers' starts.
+fn in_time(shared: &Shared, kind: &str, job: &Claimed) -> Result<(), Outcome> {
+    let rate = shared
+        .limits
+        .read()
+        .expect("lock poisoned")
+        .get(kind)
+        .and_then(|l| l.rate);
+    match rate {
+        Some(rate) if job.claimed_at.elapsed() >= super::global::start_margin(rate) => {
+            tracing::debug!(
+                job.id = job.id,
+                "not started within the rate's margin of its claim: handed back"
+            );
+            Err(Outcome::Stopped)
+        }
+        _ => Ok(()),
     }
 }
 

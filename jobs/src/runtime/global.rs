@@ -44,6 +44,23 @@ pub(super) struct Limit {
     pub(super) partition: Option<&'static [&'static str]>,
 }
 
+/// How late after its claim a job of a kind with `rate` may start: a hundredth of the
+/// window, from 50 ms to 1 s. The claims count the starts of a window this much
+/// longer than the rate's ([`counted_window`]), and an executor hands back, unstarted,
+/// a claim of such a kind that it could not start within this of the claim's
+/// statement (`executor::run`). So the starts of any window of the rate's own length
+/// come from claims of one counted window: no window of the stated length holds more
+/// handler starts than the rate, however late each handler began.
+pub(super) fn start_margin(rate: Rate) -> Duration {
+    (rate.per / 100).clamp(Duration::from_millis(50), Duration::from_secs(1))
+}
+
+/// The window the claims count a rate's starts over, in ms: the rate's, and
+/// [`start_margin`].
+fn counted_window(rate: Rate) -> i64 {
+    millis(rate.per + start_margin(rate)).max(1)
+}
+
 /// The kinds with a limit, and each one's: the operator's values where set, else the
 /// kind's attributes.
 pub(super) type Limits = HashMap<&'static str, Limit>;
@@ -176,7 +193,7 @@ pub(super) async fn claim(
                     .rate
                     .map(|r| i32::try_from(r.starts).unwrap_or(i32::MAX)),
             )
-            .bind(limit.rate.map(|r| millis(r.per).max(1)))
+            .bind(limit.rate.map(counted_window))
             .fetch_all(&mut *tx)
             .await?;
         rows.extend(taken);
@@ -227,7 +244,7 @@ async fn claim_whole(
         .collect();
     let rate_ms: Vec<Option<i64>> = asks
         .iter()
-        .map(|(_, _, l)| l.rate.map(|r| millis(r.per).max(1)))
+        .map(|(_, _, l)| l.rate.map(counted_window))
         .collect();
     crate::pooler::query_as(sql::CLAIM_LIMITED)
         .bind(&kinds)

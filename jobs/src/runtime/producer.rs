@@ -337,15 +337,19 @@ impl Producer {
     /// The free capacity, in all and per kind: none for a paused kind or one at its
     /// global limit; a kind whose limit holds for the kind as a whole claims nothing
     /// ahead of its free slots (a job held ahead counts against the limit without
-    /// running). One whose limit holds per partition claims ahead as any kind does: a
-    /// job held ahead holds up its own partition only, one among many.
+    /// running), nor does a kind with a rate (its jobs must start within a margin of
+    /// their claim: `global::start_margin`). One whose limit holds per partition claims
+    /// ahead as any kind does: a job held ahead holds up its own partition only.
     fn capacity(&self) -> Capacity {
         let (total, mut per_kind) = self.shared.free(&self.rates.ahead, self.rates.total);
         let limits = self.shared.limits.read().expect("lock poisoned");
         for (info, free) in &mut per_kind {
             if self.paused.holds(info.kind) || self.at_limit.contains_key(info.kind) {
                 *free = 0;
-            } else if limits.get(info.kind).is_some_and(|l| l.partition.is_none()) {
+            } else if limits
+                .get(info.kind)
+                .is_some_and(|l| l.partition.is_none() || l.rate.is_some())
+            {
                 let ahead = self.rates.ahead.get(info.kind).copied().unwrap_or(0);
                 *free = free.saturating_sub(ahead);
             }
