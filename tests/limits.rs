@@ -1335,3 +1335,57 @@ async fn set_limits_refuses_what_it_cannot_store_in_words(pool: PgPool) {
         .await
         .unwrap();
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.many_rated", rate = "1/2s", partition = "tenant")]
+struct ManyRated {
+    tenant: u32,
+}
+
+static MANY_RATED: std::sync::Mutex<Vec<(u32, std::time::Instant)>> =
+    std::sync::Mutex::new(Vec::new());
+
+#[jobs::handler]
+async fn many_rated(job: ManyRated, _ctx: JobContext) -> Result<(), JobError> {
+    MANY_RATED
+        .lock()
+        .unwrap()
+        .push((job.tenant, std::time::Instant::now()));
+    Ok(())
+}
+
+/// A rate per partition over 10,000 partitions: two jobs of each tenant at one start
+/// per 2 s each. Every tenant's first job runs while the seconds wait their window,
+/// and no tenant starts twice within 2 s.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_rate_holds_per_partition_over_ten_thousand_partitions(pool: PgPool) {
+    for _ in 0..2 {
+        let mut batch = EnqueueBatch::new();
+        for tenant in 0..10_000 {
+            batch.push(&ManyRated { tenant }).unwrap();
+        }
+        batch.enqueue(&pool).await.unwrap();
+    }
+    let rt = Running::start(runtime(&pool, &["limits.many_rated"]).concurrency(20));
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.many_rated").await == 0
+    })
+    .await;
+    rt.stop().await;
+    let starts = MANY_RATED.lock().unwrap().clone();
+    assert_eq!(starts.len(), 20_000);
+    let mut per_tenant: std::collections::HashMap<u32, Vec<std::time::Instant>> =
+        std::collections::HashMap::new();
+    for (tenant, at) in starts {
+        per_tenant.entry(tenant).or_default().push(at);
+    }
+    for (tenant, mut at) in per_tenant {
+        at.sort();
+        assert_eq!(at.len(), 2, "tenant {tenant}");
+        let gap = at[1].duration_since(at[0]);
+        assert!(
+            gap >= Duration::from_secs(2),
+            "tenant {tenant}: {gap:?} apart"
+        );
+    }
+}
