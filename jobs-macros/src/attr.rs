@@ -278,7 +278,10 @@ pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> JobAttr {
                         Err(e) => errors.push(syn::Error::new(
                             lit.span(),
                             format!(
-                                "not a cron expression ({e}): five fields (minute hour day-of-month month day-of-week), or six with seconds first, e.g. {}",
+                                "not a cron expression{} ({e}): five fields (minute hour day-of-month month day-of-week), or six with seconds first, e.g. {}",
+                                bad_cron_field(&lit.value())
+                                    .map(|(name, field)| format!(": its {name} field `{field}` is not valid"))
+                                    .unwrap_or_default(),
                                 example(CRON)
                             ),
                         )),
@@ -470,4 +473,31 @@ fn key_fields(value: &Expr, key: &str) -> syn::Result<Vec<LitStr>> {
             .collect(),
         other => Err(syn::Error::new_spanned(other, &message)),
     }
+}
+
+/// The first field of a cron expression that croner refuses, with its name: each field
+/// is read alone, with `*` in the others. None when the expression has neither five
+/// nor six fields, or no field is wrong by itself.
+fn bad_cron_field(expression: &str) -> Option<(&'static str, String)> {
+    let fields: Vec<&str> = expression.split_whitespace().collect();
+    let names: &[&'static str] = match fields.len() {
+        5 => &["minute", "hour", "day-of-month", "month", "day-of-week"],
+        6 => &[
+            "second",
+            "minute",
+            "hour",
+            "day-of-month",
+            "month",
+            "day-of-week",
+        ],
+        _ => return None,
+    };
+    (0..fields.len()).find_map(|i| {
+        let probe: Vec<&str> = (0..fields.len())
+            .map(|j| if j == i { fields[i] } else { "*" })
+            .collect();
+        <croner::Cron as std::str::FromStr>::from_str(&probe.join(" "))
+            .is_err()
+            .then(|| (names[i], fields[i].to_owned()))
+    })
 }

@@ -28,4 +28,9 @@ struct Keyed {
     tenant: String,
 }
 
+// Six fields, seconds first: 25 is no hour.
+#[derive(Job, Serialize, Deserialize, Default)]
+#[job(kind = "report.hourly", cron = "0 0 25 * * *")]
+struct BadHour {}
+
 fn main() {}
