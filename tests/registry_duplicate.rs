@@ -66,3 +66,29 @@ async fn duplicates_are_an_error_at_start() {
         "{text}"
     );
 }
+
+/// A binary that only enqueues learns of a kind declared twice at its first enqueue of
+/// either type, before anything is written. (Before, it enqueued both without a word.)
+#[tokio::test]
+async fn an_enqueue_of_a_kind_declared_twice_is_refused() {
+    // Never connected: the check happens before the enqueue touches the database.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_millis(200))
+        .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+        .unwrap();
+    for err in [
+        First {}.enqueue(&pool).await.unwrap_err(),
+        other::Second {}.enqueue(&pool).await.unwrap_err(),
+    ] {
+        assert!(matches!(err, jobs::Error::Registry(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("kind `dup.kind` is declared by more than one type")
+                && text.contains("registry_duplicate::other::Second"),
+            "{text}"
+        );
+    }
+    // A kind declared once enqueues (here: fails to connect, past the check).
+    let err = Handled {}.enqueue(&pool).await.unwrap_err();
+    assert!(!matches!(err, jobs::Error::Registry(_)), "{err:?}");
+}

@@ -180,6 +180,7 @@ impl NewJob {
             )));
         }
         check_text("kind", J::KIND, J::KIND)?;
+        crate::registry::check_declared_once(J::KIND)?;
         if let Some(key) = &key {
             check_text("key", J::KIND, key)?;
         }

@@ -94,21 +94,43 @@ where
     }
 }
 
+/// The kinds more than one type of this binary declares, each with those types, found
+/// once per process.
+fn declared_twice() -> &'static BTreeMap<&'static str, Vec<&'static str>> {
+    static TWICE: std::sync::OnceLock<BTreeMap<&'static str, Vec<&'static str>>> =
+        std::sync::OnceLock::new();
+    TWICE.get_or_init(|| {
+        let mut kinds: BTreeMap<&'static str, Vec<&'static str>> = BTreeMap::new();
+        for info in inventory::iter::<KindInfo> {
+            kinds.entry(info.kind).or_default().push(info.type_name);
+        }
+        kinds.retain(|_, types| types.len() > 1);
+        kinds
+    })
+}
+
+/// Refuses an enqueue of `kind` when more than one type of this binary declares it:
+/// the runtime would refuse to start, and a binary that only enqueues would never
+/// learn of it.
+pub(crate) fn check_declared_once(kind: &str) -> Result<(), Error> {
+    match declared_twice().get(kind) {
+        Some(types) => Err(Error::Registry(format!(
+            "kind `{kind}` is declared by more than one type: {}",
+            types.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The handlers this binary runs, by kind, after the start-up checks.
 pub(crate) fn handlers() -> Result<BTreeMap<&'static str, &'static HandlerInfo>, Error> {
     let mut problems = Vec::new();
 
-    let mut kinds: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for info in inventory::iter::<KindInfo> {
-        kinds.entry(info.kind).or_default().push(info.type_name);
-    }
-    for (kind, types) in &kinds {
-        if types.len() > 1 {
-            problems.push(format!(
-                "kind `{kind}` is declared by more than one type: {}",
-                types.join(", ")
-            ));
-        }
+    for (kind, types) in declared_twice() {
+        problems.push(format!(
+            "kind `{kind}` is declared by more than one type: {}",
+            types.join(", ")
+        ));
     }
 
     let mut by_kind: BTreeMap<&'static str, Vec<&'static HandlerInfo>> = BTreeMap::new();
