@@ -331,7 +331,10 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
         }
         Command::Show { id, json } => {
             let Some(job) = admin::get(&mut *conn, id).await? else {
-                return Err(Failure::Operation(format!("no job with id {id}")));
+                return Err(Failure::Operation(format!(
+                    "no job with id {id} (a job that succeeded is deleted at once unless its \
+                     kind keeps history: #[job(retain = \"7d\")])"
+                )));
             };
             if json {
                 print(&lines([output::job_json(&job)]));

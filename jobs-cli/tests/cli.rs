@@ -236,7 +236,11 @@ async fn unknown_id_fails_with_a_clear_message(pool: PgPool) {
             "error: no failed job with id 424242\n",
         ),
         (&["cancel", "424242"], "error: no live job with id 424242\n"),
-        (&["show", "424242"], "error: no job with id 424242\n"),
+        (
+            &["show", "424242"],
+            "error: no job with id 424242 (a job that succeeded is deleted at once unless its \
+             kind keeps history: #[job(retain = \"7d\")])\n",
+        ),
     ] {
         let out = jobs(&url, args).await;
         assert_eq!(out.status.code(), Some(1), "{args:?}");
