@@ -125,7 +125,8 @@ pub(crate) fn expand(args: TokenStream, input: TokenStream) -> TokenStream {
     let ctx_arg = quote_spanned!(at(ctx_ty.span())=> __jobs_ctx);
     let callee = quote_spanned!(at(name.span())=> __jobs_handler);
     let result = quote_spanned! {at(ret_ty.span())=>
-        let __jobs_result: ::core::result::Result<(), ::jobs::JobError> = __jobs_result;
+        let __jobs_result: ::core::result::Result<(), ::jobs::JobError> =
+            ::jobs::__private::HandlerResult::into_job_result(__jobs_result);
     };
     // One body (closures are checked with the static that holds them): a first argument
     // that is not a `Job` is reported once, at its type, not once per use.

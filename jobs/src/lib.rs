@@ -351,6 +351,7 @@ mod history;
 mod job;
 mod limits;
 mod migrate;
+mod outcome;
 mod pooler;
 mod registry;
 mod runtime;
@@ -450,6 +451,7 @@ struct ReadmeDoctests;
 /// generate. May change in any release.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::outcome::HandlerResult;
     pub use crate::registry::{HandlerFuture, HandlerInfo, HandlerInput, KindInfo, dispatch};
     pub use inventory;
 
