@@ -40,6 +40,12 @@ pub enum Error {
     /// The runtime stopped because one of its own tasks failed (a panic in the claim
     /// loop); its running jobs were handed back first.
     Runtime(String),
+    /// The database could not be reached, or refused the connection ([`connect`]):
+    /// the message names the host, port, database and user (never the password) and
+    /// gives the server's reason.
+    ///
+    /// [`connect`]: crate::connect
+    Connect(String),
     /// The database has no job table (or not the version this library needs, or a
     /// newer one), or the role lacks a grant the runtime needs. The message names the
     /// database and says what to run (the missing `GRANT` statements).
@@ -74,7 +80,7 @@ impl fmt::Display for Error {
             Error::Registry(msg) => f.write_str(msg),
             Error::NotFound(id) => write!(f, "no job with id {id}"),
             Error::Runtime(msg) => write!(f, "the jobs runtime stopped: {msg}"),
-            Error::Schema(msg) => f.write_str(msg),
+            Error::Schema(msg) | Error::Connect(msg) => f.write_str(msg),
         }
     }
 }

@@ -344,6 +344,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+mod connect;
 mod context;
 mod enqueue;
 mod error;
@@ -358,6 +359,7 @@ mod runtime;
 mod sql;
 pub mod testing;
 
+pub use connect::{connect, connect_with};
 pub use context::{FencedTx, JobContext, JobError, TxGuard};
 pub use enqueue::{EnqueueBatch, EnqueueOptions, EnqueueOutcome, Enqueued, enqueue_all};
 pub use error::Error;
