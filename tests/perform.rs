@@ -224,3 +224,40 @@ async fn drain_with_scheduled_runs_retries_and_delayed_jobs_and_reports_failures
     assert_eq!(failed, [(flaky, 2)], "only this drain's failures");
     assert_eq!(notes(&pool).await, ["flaky done", "flaky done"]);
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pf.forgetful", backoff = "1h", max_attempts = 5)]
+struct Forgetful {
+    fails: u32,
+}
+
+#[jobs::handler]
+async fn forgetful(job: Forgetful, ctx: JobContext) -> Result<(), JobError> {
+    if ctx.attempt() <= job.fails {
+        return Err(JobError::retry(format!("attempt {} failed", ctx.attempt())));
+    }
+    Ok(())
+}
+
+/// A job of a kind without history that fails twice, then succeeds: its row is deleted,
+/// and the drain still reports both failed attempts. (Before, it reported none.)
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn drain_reports_the_failures_of_a_job_whose_row_its_success_deleted(pool: PgPool) {
+    let id = Forgetful { fails: 2 }.enqueue(&pool).await.unwrap().id;
+    let drained = drain_with(&pool, Drain::new().with_scheduled(true))
+        .await
+        .unwrap();
+    assert_eq!(drained.counts.succeeded, 1);
+    let failed: Vec<(i64, u32, &str, JobState)> = drained
+        .failures
+        .iter()
+        .map(|f| (f.id, f.error.attempt, f.error.message.as_str(), f.state))
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            (id, 1, "attempt 1 failed", JobState::Done),
+            (id, 2, "attempt 2 failed", JobState::Done)
+        ]
+    );
+}

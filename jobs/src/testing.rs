@@ -300,8 +300,8 @@ pub struct Drained {
     /// How the runs ended.
     pub counts: RunCounts,
     /// Every attempt that failed during the drain, per job in id order, oldest attempt
-    /// first: of the jobs still in the table (a kind without history deletes a job
-    /// that then succeeded, and its earlier failures with it).
+    /// first; also of a job that then succeeded and whose row its kind deleted (its
+    /// state is then `done`).
     pub failures: Vec<DrainFailure>,
 }
 
@@ -314,7 +314,8 @@ pub struct DrainFailure {
     /// The job's kind.
     pub kind: String,
     /// Where the job stands after the drain: `failed` when it is out of attempts or
-    /// failed permanently, `pending` when a retry waits.
+    /// failed permanently, `pending` when a retry waits, `done` when it then succeeded
+    /// (its row deleted or kept).
     pub state: JobState,
     /// The attempt: its number, what kind of failure, the message.
     pub error: AttemptError,
@@ -345,9 +346,11 @@ pub async fn drain_with(pool: &PgPool, options: Drain) -> Result<Drained, Error>
     let started: DateTime<Utc> = crate::pooler::query_scalar("SELECT now()")
         .fetch_one(pool)
         .await?;
+    let log = crate::runtime::FailureLog::default();
     let runtime = Runtime::new(pool.clone())
         .poll_interval(Duration::from_millis(10))
-        .rescue_interval(Duration::from_millis(50));
+        .rescue_interval(Duration::from_millis(50))
+        .log_failures(log.clone());
     let watcher = pool.clone();
     let watched = kinds.clone();
     let counts = runtime
@@ -405,6 +408,24 @@ pub async fn drain_with(pool: &PgPool, options: Drain) -> Result<Drained, Error>
                 });
             }
         }
+    }
+    // The attempts of jobs whose rows are gone (a retry that then succeeded, of a kind
+    // without history), as the runtime logged them.
+    let present: std::collections::HashSet<i64> = failures.iter().map(|f| f.id).collect();
+    let logged = std::mem::take(&mut *log.lock().expect("lock poisoned"));
+    let mut gone: Vec<DrainFailure> = logged
+        .into_iter()
+        .filter(|(id, ..)| !present.contains(id))
+        .map(|(id, kind, error)| DrainFailure {
+            id,
+            kind: kind.to_owned(),
+            state: JobState::Done,
+            error,
+        })
+        .collect();
+    if !gone.is_empty() {
+        failures.append(&mut gone);
+        failures.sort_by_key(|f| (f.id, f.error.attempt));
     }
     Ok(Drained { counts, failures })
 }

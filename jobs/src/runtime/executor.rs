@@ -172,6 +172,25 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     outcome = settle(&inner, outcome).await;
     let label = outcome.label(&job);
     tracing::Span::current().record("job.outcome", label);
+    if let (Some(log), Outcome::Retry(kind, message) | Outcome::Permanent(kind, message)) =
+        (&shared.failures, &outcome)
+    {
+        let at = inner
+            .db_now_us()
+            .and_then(chrono::DateTime::from_timestamp_micros)
+            .unwrap_or_default();
+        log.lock().expect("lock poisoned").push((
+            job.id,
+            handler.kind,
+            crate::AttemptError {
+                attempt: job.attempt,
+                at,
+                kind: *kind,
+                message: message.clone(),
+                runtime: Some(shared.runtime_id),
+            },
+        ));
+    }
     let took = started.elapsed();
     observe::finished(&shared.counts, handler.kind, label, Some(took));
     if let Some(now) = inner.db_now_us() {

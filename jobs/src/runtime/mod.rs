@@ -79,7 +79,12 @@ pub struct Runtime {
     retain_failed: Option<Duration>,
     only: Option<Vec<String>>,
     name: Option<String>,
+    /// Where every failed attempt is logged as it happens (`testing::drain_with`).
+    failures: Option<FailureLog>,
 }
+
+/// Failed attempts as the executors saw them: job id, kind, the attempt.
+pub(crate) type FailureLog = Arc<Mutex<Vec<(i64, &'static str, crate::AttemptError)>>>;
 
 /// How many connections of its own a runtime opens at most, with the same settings as
 /// the application's pool: the heartbeat's (on a thread of its own), and a pool of the
@@ -106,7 +111,15 @@ impl Runtime {
             retain_failed: None,
             only: None,
             name: None,
+            failures: None,
         }
+    }
+
+    /// Logs every failed attempt in `log` as it happens, also of jobs whose rows are
+    /// deleted later (a retry that succeeded, of a kind without history).
+    pub(crate) fn log_failures(mut self, log: FailureLog) -> Self {
+        self.failures = Some(log);
+        self
     }
 
     /// How many jobs run at once in this runtime, over all kinds (default 10). A kind's
@@ -381,6 +394,7 @@ impl Runtime {
             counts: observe::Counts::default(),
             throughput: Arc::new(throughput::Throughput::default()),
             limits: std::sync::RwLock::new(limits),
+            failures: self.failures.clone(),
         });
         let ends = Ends {
             completions: completions_rx,
@@ -913,6 +927,8 @@ pub(crate) struct Shared {
     /// The kinds with a global concurrency limit, and their limits (`global`): the
     /// attributes', then the operator's as the producer last read them.
     limits: std::sync::RwLock<global::Limits>,
+    /// Where failed attempts are logged, if anywhere ([`Runtime::log_failures`]).
+    failures: Option<FailureLog>,
     /// The kinds with a limit of which a job has stopped running, to announce.
     freed: Arc<global::Freed>,
     /// How the runs ended.
