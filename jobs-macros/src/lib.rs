@@ -8,6 +8,7 @@ mod attr;
 mod derive;
 mod duration;
 mod handler;
+mod test;
 
 use proc_macro::TokenStream;
 
@@ -25,4 +26,13 @@ pub fn derive_job(input: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn handler(args: TokenStream, input: TokenStream) -> TokenStream {
     handler::expand(args.into(), input.into()).into()
+}
+
+/// A test with a database of its own: `#[jobs::test] async fn name(pool: PgPool) { .. }`
+/// creates a database on the server of `DATABASE_URL`, migrates it, runs the test on a
+/// tokio runtime with a pool to it, and drops it when the test passes (a failed test's
+/// is kept, its name printed).
+#[proc_macro_attribute]
+pub fn test(args: TokenStream, input: TokenStream) -> TokenStream {
+    test::expand(args.into(), input.into()).into()
 }

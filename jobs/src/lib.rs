@@ -423,6 +423,13 @@ pub use jobs_macros::Job;
 /// ```
 #[doc(inline)]
 pub use jobs_macros::handler;
+
+/// A test with a database of its own, without a second sqlx dependency:
+/// `#[jobs::test] async fn name(pool: jobs::sqlx::PgPool) { .. }` creates a database on
+/// the server of `DATABASE_URL`, migrates it, runs the test on a tokio runtime with a
+/// pool to it, and drops it when the test passes (a failed test's database is kept, its
+/// name printed). See [`testing::TestDatabase`].
+pub use jobs_macros::test;
 pub use migrate::{MIGRATIONS_TABLE, MIGRATOR, migrate};
 pub use pooler::behind_transaction_pooler;
 pub use runtime::{RUNTIME_CONNECTIONS, RunCounts, Runtime, run};

@@ -429,3 +429,121 @@ pub async fn drain_with(pool: &PgPool, options: Drain) -> Result<Drained, Error>
     }
     Ok(Drained { counts, failures })
 }
+
+/// A database of one test's own, made from `DATABASE_URL` (the server, user and
+/// options; the database named there is not touched): created empty, migrated, and
+/// dropped by [`TestDatabase::drop`]. `#[jobs::test]` makes one per test, so tests run
+/// in parallel without seeing each other's jobs, and no second sqlx dependency (with
+/// its `macros` feature, for `#[sqlx::test]`) is needed.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), jobs::Error> {
+/// let db = jobs::testing::TestDatabase::create("signup_sends_a_welcome").await?;
+/// // ... the test, on db.pool() ...
+/// db.drop().await?;
+/// # Ok(()) }
+/// ```
+pub struct TestDatabase {
+    pool: PgPool,
+    name: String,
+    server: sqlx::postgres::PgConnectOptions,
+}
+
+impl TestDatabase {
+    /// Creates and migrates a database named after `test` and a fresh id, on the server
+    /// of `DATABASE_URL`.
+    pub async fn create(test: &str) -> Result<TestDatabase, Error> {
+        use sqlx::ConnectOptions;
+        let url = std::env::var("DATABASE_URL").map_err(|_| {
+            Error::InvalidInput(
+                "DATABASE_URL is not set: a test database is made on its server".to_owned(),
+            )
+        })?;
+        let server: sqlx::postgres::PgConnectOptions = url.parse().map_err(|e| {
+            Error::InvalidInput(format!("DATABASE_URL is not a PostgreSQL URL: {e}"))
+        })?;
+        let server = server.disable_statement_logging();
+        let short: String = test
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .take(30)
+            .collect();
+        let name = format!("jobs_test_{short}_{}", Uuid::new_v4().simple());
+        let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect_with(&server).await?;
+        crate::pooler::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut admin)
+            .await?;
+        sqlx::Connection::close(admin).await?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(10)
+            .connect_with(server.clone().database(&name))
+            .await?;
+        crate::migrate(&pool).await?;
+        Ok(TestDatabase { pool, name, server })
+    }
+
+    /// A pool to the test's database.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The database's name (kept for a look when a test fails).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Closes the pool and drops the database.
+    pub async fn drop(self) -> Result<(), Error> {
+        self.pool.close().await;
+        let mut admin =
+            <sqlx::PgConnection as sqlx::Connection>::connect_with(&self.server).await?;
+        crate::pooler::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+            self.name
+        )))
+        .execute(&mut admin)
+        .await?;
+        sqlx::Connection::close(admin).await?;
+        Ok(())
+    }
+}
+
+/// Runs the body of a `#[jobs::test]`: a runtime of tokio's, a [`TestDatabase`], the
+/// test on its pool; the database is dropped when the test passes and kept (its name
+/// printed) when it panics. Not for calling by hand: the attribute's generated code.
+#[doc(hidden)]
+pub fn run_test<F, Fut>(test: &str, body: F)
+where
+    F: FnOnce(PgPool) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the test");
+    runtime.block_on(async {
+        let db = TestDatabase::create(test)
+            .await
+            .unwrap_or_else(|e| panic!("cannot make the test's database: {e}"));
+        let ran = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(body(
+            db.pool().clone(),
+        )))
+        .await;
+        match ran {
+            Ok(()) => db
+                .drop()
+                .await
+                .unwrap_or_else(|e| panic!("cannot drop the test's database: {e}")),
+            Err(panic) => {
+                eprintln!("the test's database is kept: {}", db.name());
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+}
