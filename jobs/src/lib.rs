@@ -78,6 +78,9 @@
 //! | `cancel_on_lease_loss = false` | true | whether a handler whose lease is lost is cancelled at its next await point |
 //! | `timeout = "5m"` | none | cancel the handler after this long; the attempt fails |
 //! | `concurrency = 4` | none | at most this many jobs of the kind at once in one runtime |
+//! | `global_concurrency = 8` | none | at most this many jobs of the kind running at once across every runtime on the database; an operator's value ([`admin::set_limits`]) wins over it |
+//! | `rate = "600/1m"` | none | at most this many handler starts of the kind in any window of this length, across every runtime (the window slides; see [`MAX_RATE_WINDOW`] for an operator's) |
+//! | `partition = "tenant"`, `partition = ["tenant", "region"]` | none | `global_concurrency` and `rate` hold per value of these payload fields (compared as JSON: `"1"` and `1` differ), at most four; a partition's backlog holds up no other |
 //! | `retain = "7d"` | none | keep done rows this long (state `done`) instead of deleting them |
 //! | `every = "10m"` | none | periodic: one live job of the kind across all replicas, re-armed one period after each completion; the type implements `Default` and has no `key` |
 //! | `priority = 2` | 0 | the kind's default priority, 0 to 9 ([`MAX_PRIORITY`]): among the due jobs of the kind, a lower number is claimed first, then the earlier run-after, then the id; [`EnqueueOptions::priority`] overrides it for one job |
