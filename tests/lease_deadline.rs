@@ -225,17 +225,7 @@ async fn a_runtime_frozen_for_two_leases_drops_its_handlers_when_it_resumes(pool
     for n in 0..2 {
         Frozen { n }.enqueue(&pool).await.unwrap();
     }
-    let options = pool.connect_options();
-    let db: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let url = format!(
-        "postgres://{}@{}:{}/{db}",
-        options.get_username(),
-        options.get_host(),
-        options.get_port()
-    );
+    let url = common::url_of(&pool).await;
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "frozen_child", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, &url)

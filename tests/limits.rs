@@ -538,17 +538,7 @@ async fn a_limit_holds_across_processes_killed_and_cut(pool: PgPool) {
             .unwrap();
     }
     batch.enqueue(&pool).await.unwrap();
-    let options = pool.connect_options();
-    let db: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let url = format!(
-        "postgres://{}@{}:{}/{db}",
-        options.get_username(),
-        options.get_host(),
-        options.get_port()
-    );
+    let url = common::url_of(&pool).await;
     let (watch, stop) = watch_running(&pool, "limits.procs");
     let mut children: Vec<_> = (0..4).map(|_| spawn_child(&url)).collect();
     // Eight kills of a runtime process (SIGKILL: its claims stay until their lease

@@ -260,3 +260,18 @@ pub fn readme_grants() -> Vec<String> {
         .map(|block| block.split("```").next().unwrap().to_owned())
         .collect()
 }
+
+/// A URL of the database `pool` connects to, for a child process.
+pub async fn url_of(pool: &PgPool) -> String {
+    let options = pool.connect_options();
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    format!(
+        "postgres://{}@{}:{}/{db}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port()
+    )
+}
