@@ -722,3 +722,27 @@ async fn every_command_runs_with_the_operators_documented_grants(pool: PgPool) {
     .await
     .unwrap();
 }
+
+/// The job tables in a schema of the application's own: the URL's `options` set the
+/// `search_path`, and every command works there.
+#[sqlx::test(migrations = false)]
+async fn a_url_with_a_search_path_works_in_that_schema(pool: PgPool) {
+    sqlx::query("CREATE SCHEMA app_jobs")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let url = url_of(&pool);
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{sep}options=-c%20search_path%3Dapp_jobs");
+    for args in [&["migrate"][..], &["stats"], &["list"]] {
+        let out = jobs(&url, args).await;
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    }
+    let schema: Option<String> = sqlx::query_scalar(
+        "SELECT table_schema::text FROM information_schema.tables WHERE table_name = 'jobs'",
+    )
+    .fetch_optional(&pool)
+    .await
+    .unwrap();
+    assert_eq!(schema.as_deref(), Some("app_jobs"));
+}
