@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Running, lock, runtime, wait_until};
+use common::{Running, live_of, lock, runtime, wait_until};
 use jobs::{EnqueueBatch, EnqueueOptions, Job, JobContext, JobError};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -629,17 +629,6 @@ struct Busy {}
 async fn busy(_job: Busy, _ctx: JobContext) -> Result<(), JobError> {
     tokio::time::sleep(Duration::from_millis(2)).await;
     Ok(())
-}
-
-/// Live jobs of `kind`.
-async fn live_of(pool: &PgPool, kind: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM jobs WHERE kind = $1 AND state IN ('pending', 'running')",
-    )
-    .bind(kind)
-    .fetch_one(pool)
-    .await
-    .unwrap()
 }
 
 /// While a busy kind keeps the claims full (they then ask only for the kinds with

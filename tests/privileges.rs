@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Running, readme_grants, wait_until};
+use common::{Running, live_of, readme_grants, wait_until};
 use jobs::admin::{self, KindLimits};
 use jobs::{Job, JobContext, JobError, Runtime};
 use serde::{Deserialize, Serialize};
@@ -149,16 +149,6 @@ async fn connect_admin(pool_opts: PgPoolOptions, opts: &PgConnectOptions) -> PgP
         .await
         .unwrap();
     admin
-}
-
-async fn live_of(pool: &PgPool, kind: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM jobs WHERE kind = $1 AND state IN ('pending', 'running')",
-    )
-    .bind(kind)
-    .fetch_one(pool)
-    .await
-    .unwrap()
 }
 
 fn runtime(pool: &PgPool) -> Runtime {

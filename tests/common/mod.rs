@@ -39,6 +39,17 @@ pub async fn count(pool: &PgPool, state: &str) -> i64 {
         .expect("count jobs")
 }
 
+/// Live (pending or running) jobs of `kind`.
+pub async fn live_of(pool: &PgPool, kind: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM jobs WHERE kind = $1 AND state IN ('pending', 'running')",
+    )
+    .bind(kind)
+    .fetch_one(pool)
+    .await
+    .expect("count live jobs")
+}
+
 /// Rows of the job table of a kind.
 pub async fn count_kind(pool: &PgPool, kind: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM jobs WHERE kind = $1")
