@@ -317,6 +317,7 @@ fn bind_one<'q, O>(
         .bind(notify_now(job.kind))
         .bind(job.at)
         .bind(job.priority)
+        .bind(crate::trace::current())
 }
 
 /// Many jobs, of one kind or several, enqueued in one statement and one round trip.
@@ -591,7 +592,7 @@ impl<'a> Columns<'a> {
     /// Binds the columns in the statements' order: kinds, keys (only if `keys`: the
     /// unkeyed statement has none), payloads, max_attempts, delays, the kinds to notify
     /// (those of the batch that send their wake-up notification now, [`notify_now`]),
-    /// run-afters and priorities.
+    /// run-afters, priorities, and the enqueuer's trace context ([`crate::trace::current`]).
     fn bind<'q, O>(
         &'q self,
         query: QueryAs<'q, Postgres, O, PgArguments>,
@@ -610,6 +611,7 @@ impl<'a> Columns<'a> {
             .bind(notify)
             .bind(&self.ats)
             .bind(&self.priorities)
+            .bind(crate::trace::current())
     }
 }
 

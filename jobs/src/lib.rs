@@ -310,7 +310,19 @@
 //! of a handler is one span named `job` with the fields `job.id`, `job.kind`,
 //! `job.attempt`, and `job.outcome` recorded at the end (`succeeded`, `retried`,
 //! `failed`, `snoozed`, `lease_lost`, `handed_back`); a failed attempt's warning carries
-//! `job.id` and `job.kind` itself as well.
+//! `job.id` and `job.kind` itself as well. The span also carries OpenTelemetry's
+//! conventions for messaging: `otel.name` (`process <kind>`), `otel.kind` (`consumer`),
+//! `messaging.system` (`jobs`), `messaging.operation.type` (`process`),
+//! `messaging.destination.name` (the kind) and `messaging.message.id` (the job's id).
+//!
+//! With the `opentelemetry` feature, traces cross the queue: an enqueue made inside a
+//! span that has an OpenTelemetry context (through the
+//! [`tracing-opentelemetry`](https://docs.rs/tracing-opentelemetry) layer) stores its
+//! W3C `traceparent` in the job's row (the column `trace`), and the run's `job` span
+//! continues that trace: as the enqueuing span's child on the first attempt, linked to
+//! it on a retry. A trigger coalesced into a live job of its key brings its own context,
+//! as it brings its payload. Without the feature, the layer, or a span, the column stays
+//! NULL and nothing is done for it.
 //!
 //! With the `metrics` feature (`pgjobs = { version = "0.1", features = ["metrics"] }`)
 //! the runtime also reports through the [`metrics`](https://docs.rs/metrics) facade,
@@ -361,6 +373,7 @@ mod registry;
 mod runtime;
 mod sql;
 pub mod testing;
+mod trace;
 
 pub use connect::{connect, connect_with};
 pub use context::{FencedTx, JobContext, JobError, TxGuard};

@@ -16,8 +16,9 @@
 /// `$1` kind, `$2` key, `$3` payload (JSON text), `$4` max_attempts, `$5` delay in ms,
 /// `$6` whether to notify, `$7` an absolute run-after instead of the delay (or NULL):
 /// one already past counts as now, so no row is made pending behind the claims' floor
-/// ([`CLAIM_FLOOR_LAG`]); `$8` the priority. A trigger coalesced into the live job of
-/// its key gives it the more urgent (lower) of the two priorities.
+/// ([`CLAIM_FLOOR_LAG`]); `$8` the priority; `$9` the enqueuer's trace context (a W3C
+/// `traceparent`, or NULL). A trigger coalesced into the live job of its key gives it
+/// the more urgent (lower) of the two priorities, and its own payload and trace context.
 /// Index: `jobs_live_key` is the arbiter of `ON CONFLICT` (the predicate is repeated so
 /// PostgreSQL can infer the partial index). Concurrent enqueues of one key serialize on
 /// that index entry: the second waits for the first to commit and then updates its row,
@@ -35,13 +36,14 @@
 /// serialized on it.
 pub(crate) const ENQUEUE_ONE: &str = r#"
 WITH ins AS (
-    INSERT INTO jobs AS j (kind, key, payload, max_attempts, priority, run_after)
-    VALUES ($1, $2, $3::jsonb, $4, $8,
+    INSERT INTO jobs AS j (kind, key, payload, max_attempts, priority, trace, run_after)
+    VALUES ($1, $2, $3::jsonb, $4, $8, $9,
             CASE WHEN $7::timestamptz IS NULL
                  THEN statement_timestamp() + $5 * interval '1 millisecond'
                  ELSE greatest($7, statement_timestamp()) END)
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
+        trace = EXCLUDED.trace,
         max_attempts = EXCLUDED.max_attempts,
         attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
         priority = least(j.priority, EXCLUDED.priority),
@@ -64,13 +66,13 @@ CROSS JOIN LATERAL (
 /// 15 % more enqueues a second, about 0.1 ms less each).
 ///
 /// `$1` kind, `$2` payload (JSON text), `$3` max_attempts, `$4` delay in ms, `$5`
-/// whether to notify, `$6` an absolute run-after (or NULL), `$7` the priority, each as
-/// in [`ENQUEUE_ONE`]. The row is always new and pending. No lock is taken that another
+/// whether to notify, `$6` an absolute run-after (or NULL), `$7` the priority, `$8` the
+/// trace context, each as in [`ENQUEUE_ONE`]. The row is always new and pending. No lock is taken that another
 /// statement waits for; no index is read.
 pub(crate) const ENQUEUE_ONE_UNKEYED: &str = r#"
 WITH ins AS (
-    INSERT INTO jobs AS j (kind, payload, max_attempts, priority, run_after)
-    VALUES ($1, $2::jsonb, $3, $7,
+    INSERT INTO jobs AS j (kind, payload, max_attempts, priority, trace, run_after)
+    VALUES ($1, $2::jsonb, $3, $7, $8,
             CASE WHEN $6::timestamptz IS NULL
                  THEN statement_timestamp() + $4 * interval '1 millisecond'
                  ELSE greatest($6, statement_timestamp()) END)
@@ -101,7 +103,7 @@ macro_rules! bulk_run_after {
 ///
 /// `$1..$5` are arrays of kind, key, payload, max_attempts, delay_ms; `$6` the kinds to
 /// notify (see [`ENQUEUE_ONE`]); `$7` the absolute run-afters (NULL for a delay) and
-/// `$8` the priorities, as there. The caller sends the keys, delays, run-afters and
+/// `$8` the priorities, as there; `$9` the trace context of every row (one enqueuer's). The caller sends the keys, delays, run-afters and
 /// priorities as empty arrays when every row has the default (no key, no delay, no
 /// instant, priority 0): `unnest` pads a shorter array with NULLs, read here as those
 /// defaults, and the server decodes 400 fewer elements per 100 rows.
@@ -130,19 +132,20 @@ WITH u AS (
          WITH ORDINALITY AS u(kind, key, payload, max_attempts, delay_ms, at, priority, ord)
 ),
 plain AS (
-    INSERT INTO jobs AS j (kind, payload, max_attempts, priority, run_after)
-    SELECT kind, payload, max_attempts, priority, run_after FROM u
+    INSERT INTO jobs AS j (kind, payload, max_attempts, priority, trace, run_after)
+    SELECT kind, payload, max_attempts, priority, $9::text, run_after FROM u
     WHERE key IS NULL
     ORDER BY ord
     RETURNING j.id, j.kind
 ),
 keyed AS (
-    INSERT INTO jobs AS j (kind, key, payload, max_attempts, priority, run_after)
-    SELECT kind, key, payload, max_attempts, priority, run_after FROM u
+    INSERT INTO jobs AS j (kind, key, payload, max_attempts, priority, trace, run_after)
+    SELECT kind, key, payload, max_attempts, priority, $9::text, run_after FROM u
     WHERE key IS NOT NULL
     ORDER BY ord
     ON CONFLICT (kind, key) WHERE state IN ('pending', 'running') AND key IS NOT NULL DO UPDATE SET
         payload = EXCLUDED.payload,
+        trace = EXCLUDED.trace,
         max_attempts = EXCLUDED.max_attempts,
         attempts = CASE WHEN j.state = 'pending' THEN 0 ELSE j.attempts END,
         priority = least(j.priority, EXCLUDED.priority),
@@ -175,15 +178,16 @@ FROM keyed CROSS JOIN notify
 /// of a bare `INSERT ... SELECT FROM unnest`.
 ///
 /// `$1..$4` are arrays of kind, payload, max_attempts and delay_ms; `$5` the kinds to
-/// notify; `$6` the absolute run-afters and `$7` the priorities. Defaults and empty
+/// notify; `$6` the absolute run-afters and `$7` the priorities; `$8` the trace
+/// context of every row. Defaults and empty
 /// arrays as [`ENQUEUE_MANY`]. Every row is inserted and pending, so every kind of `$5`
 /// is notified (the caller lists only the batch's own kinds). No lock is taken that
 /// another statement waits for; no index is read.
 pub(crate) const ENQUEUE_UNKEYED: &str = concat!(
     r#"
 WITH plain AS (
-    INSERT INTO jobs AS j (kind, payload, max_attempts, priority, run_after)
-    SELECT u.kind, u.payload::jsonb, u.max_attempts, coalesce(u.priority, 0),
+    INSERT INTO jobs AS j (kind, payload, max_attempts, priority, trace, run_after)
+    SELECT u.kind, u.payload::jsonb, u.max_attempts, coalesce(u.priority, 0), $8::text,
            "#,
     bulk_run_after!(),
     r#"
@@ -399,7 +403,7 @@ macro_rules! claimed {
     RETURNING j.id, j.kind, j.attempts, j.max_attempts, j.claimed_by, j.payload::text AS payload,
               date_part('epoch', now() - j.run_after) AS waited,
               date_part('epoch', j.run_after) AS run_after,
-              j.priority
+              j.priority, j.trace
 )"#
         )
     };
@@ -559,7 +563,7 @@ writers AS MATERIALIZED (
             claimed!("$6", "now()"),
             r#"
 SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
-       c.run_after, c.priority,
+       c.run_after, c.priority, c.trace,
        (SELECT extract(epoch FROM p.first)::float8 FROM passed p
         WHERE p.kind = c.kind AND p.priority = c.priority) AS held_back,
        wr.at, wr.xmax, wr.writers, wr.waiting, (SELECT since FROM ended) AS since,
@@ -794,10 +798,10 @@ held AS MATERIALIZED (
           ) h)
 )
 SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
-       c.run_after, c.priority, NULL AS mark, NULL::float8 AS wait
+       c.run_after, c.priority, c.trace, NULL AS mark, NULL::float8 AS wait
 FROM claimed c
 UNION ALL
-SELECT NULL, w.kind, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT NULL, w.kind, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        CASE WHEN w.ord IN (SELECT ord FROM held) THEN 'held'
             WHEN w.n < w.asked AND t.took = w.n THEN 'cut'
             ELSE 'spare' END,
@@ -1037,10 +1041,10 @@ expired AS (
       AND s.at <= statement_timestamp() - $8 * interval '1 millisecond'
 )
 SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
-       c.run_after, c.priority, NULL AS mark, NULL::float8 AS wait
+       c.run_after, c.priority, c.trace, NULL AS mark, NULL::float8 AS wait
 FROM claimed c
 UNION ALL
-SELECT NULL, $1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT NULL, $1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        CASE WHEN (SELECT count(*) FROM picked) >= $2 THEN 'spare'
             WHEN (SELECT count(*) FROM picked) < (SELECT count(*) FROM chosen) THEN 'held'
             WHEN (SELECT count(*) FROM again) >= $2 * 2 + 100 THEN 'more'
@@ -1102,10 +1106,10 @@ wanted AS MATERIALIZED (
             claims_without_floors!("$6", $lease),
             r#"
 SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
-       c.run_after, c.priority, false AS ended
+       c.run_after, c.priority, c.trace, false AS ended
 FROM claimed c
 UNION ALL
-SELECT e.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true
+SELECT e.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true
 FROM ended e
 "#
         )
@@ -1572,7 +1576,7 @@ UPDATE jobs SET
     runtime_id = NULL,
     claimed_until = now() + $2 * interval '1 millisecond'
 WHERE id = $1 AND state = 'pending'
-RETURNING attempts, max_attempts, claimed_by, payload::text,
+RETURNING attempts, max_attempts, claimed_by, payload::text, trace,
           (extract(epoch FROM now()) * 1000000)::bigint AS now_us
 "#;
 

@@ -231,13 +231,13 @@ pub async fn perform<J: Job>(pool: &PgPool, job: &J) -> Result<(), JobError> {
             enqueued.id
         )));
     }
-    let claimed: Option<(i32, i32, Uuid, String, i64)> =
+    let claimed: Option<(i32, i32, Uuid, String, Option<String>, i64)> =
         crate::pooler::query_as(crate::sql::CLAIM_ID)
             .bind(enqueued.id)
             .bind(crate::enqueue::millis(handler.config.lease_length()))
             .fetch_optional(pool)
             .await?;
-    let Some((attempts, max_attempts, token, payload, now_us)) = claimed else {
+    let Some((attempts, max_attempts, token, payload, trace, now_us)) = claimed else {
         return Err(JobError::permanent(format!(
             "job {} was claimed by someone else first (a runtime runs over this database)",
             enqueued.id
@@ -249,6 +249,7 @@ pub async fn perform<J: Job>(pool: &PgPool, job: &J) -> Result<(), JobError> {
         max_attempts: u32::try_from(max_attempts).unwrap_or(0),
         token,
         payload,
+        trace,
         claimed_at: std::time::Instant::now(),
         db_claimed_us: Some(now_us),
     };

@@ -26,6 +26,8 @@ pub(super) struct ClaimRow {
     pub(super) waited: Option<f64>,
     pub(super) run_after: Option<f64>,
     pub(super) priority: i16,
+    /// The enqueuer's trace context (`crate::trace`).
+    pub(super) trace: Option<String>,
     pub(super) held_back: Option<f64>,
     /// When the statement that claimed it was sent ([`ClaimRow::sent_at`]; until
     /// then, when it was read): its lease runs from a moment after it.
@@ -36,7 +38,7 @@ pub(super) struct ClaimRow {
 /// every row, ten columns a row, they were most of the time the runtime spent reading
 /// a claim's answer.
 pub(super) struct Columns {
-    job: [usize; 9],
+    job: [usize; 10],
     held_back: Option<usize>,
 }
 
@@ -55,8 +57,9 @@ impl Columns {
             "waited",
             "run_after",
             "priority",
+            "trace",
         ];
-        let mut job = [0; 9];
+        let mut job = [0; 10];
         for (place, name) in job.iter_mut().zip(names) {
             *place = at(name)?;
         }
@@ -88,6 +91,7 @@ impl ClaimRow {
             waited,
             run_after,
             priority,
+            trace,
         ] = columns.job;
         Ok(ClaimRow {
             id: row.try_get(id)?,
@@ -99,6 +103,7 @@ impl ClaimRow {
             waited: row.try_get(waited)?,
             run_after: row.try_get(run_after)?,
             priority: row.try_get(priority)?,
+            trace: row.try_get(trace)?,
             held_back: columns
                 .held_back
                 .map(|i| row.try_get(i))
@@ -465,6 +470,7 @@ pub(super) fn start(shared: &Arc<Shared>, row: ClaimRow, executors: &mut JoinSet
         max_attempts: u32::try_from(row.max_attempts).unwrap_or(1),
         token: row.claimed_by,
         payload: row.payload,
+        trace: row.trace,
         claimed_at: row.sent,
         db_claimed_us,
     };
@@ -495,6 +501,7 @@ mod tests {
             waited: None,
             run_after: Some(run_after),
             priority,
+            trace: None,
             held_back: None,
             sent: std::time::Instant::now(),
         }

@@ -28,6 +28,8 @@ pub(crate) struct Claimed {
     pub max_attempts: u32,
     pub token: Uuid,
     pub payload: String,
+    /// The enqueuer's trace context, which the run's span continues (`crate::trace`).
+    pub trace: Option<String>,
     /// When the claim's statement was sent: its lease runs from a moment after it.
     pub claimed_at: Instant,
     /// The database's clock at the claim, in microseconds since the epoch (for the next
@@ -110,13 +112,23 @@ impl Claimed {
 }
 
 pub(crate) async fn execute(shared: Arc<Shared>, handler: &'static HandlerInfo, job: Claimed) {
+    // With OpenTelemetry's semantic conventions for messaging: a consumer's span that
+    // processes one message (the job) of a destination (its kind).
     let span = tracing::info_span!(
         "job",
         job.id = job.id,
         job.kind = handler.kind,
         job.attempt = job.attempt,
         job.outcome = tracing::field::Empty,
+        otel.name = format!("process {}", handler.kind),
+        otel.kind = "consumer",
+        messaging.system = "jobs",
+        messaging.operation.type = "process",
+        messaging.operation.name = "process",
+        messaging.destination.name = handler.kind,
+        messaging.message.id = job.id,
     );
+    crate::trace::continue_in(&span, job.trace.as_deref(), job.attempt);
     let kind = handler.kind;
     let completer_writes = run(shared.clone(), handler, job).instrument(span).await;
     if !completer_writes {
