@@ -22,15 +22,16 @@ async fn wait_running(pool: &PgPool, id: i64) {
     .await;
 }
 
-/// Handlers of `cx.hang` dropped before they returned.
-static DROPPED: AtomicUsize = AtomicUsize::new(0);
-/// Handlers of `cx.hang` that started.
-static STARTED: AtomicUsize = AtomicUsize::new(0);
+/// Handlers of `cx.hang` dropped before they returned, by the job's `n` (the tests of
+/// this file may share one process: each counts its own job's).
+static DROPPED: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+/// Handlers of `cx.hang` that started, by the job's `n`.
+static STARTED: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
 
-struct CountDrop;
+struct CountDrop(usize);
 impl Drop for CountDrop {
     fn drop(&mut self) {
-        DROPPED.fetch_add(1, Ordering::SeqCst);
+        DROPPED[self.0].fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -47,9 +48,10 @@ struct Hang {
 }
 
 #[jobs::handler]
-async fn hang(_job: Hang, _ctx: JobContext) -> Result<(), JobError> {
-    STARTED.fetch_add(1, Ordering::SeqCst);
-    let _guard = CountDrop;
+async fn hang(job: Hang, _ctx: JobContext) -> Result<(), JobError> {
+    let n = usize::try_from(job.n).expect("a small n");
+    STARTED[n].fetch_add(1, Ordering::SeqCst);
+    let _guard = CountDrop(n);
     tokio::time::sleep(Duration::from_secs(3600)).await;
     std::mem::forget(_guard);
     Ok(())
@@ -88,7 +90,7 @@ async fn a_running_job_is_cancelled_and_its_handler_dropped(pool: PgPool) {
     let rt = Running::start(runtime(&pool, &["cx.hang"]));
     wait_running(&pool, id).await;
     wait_until("the handler started", || async {
-        STARTED.load(Ordering::SeqCst) == 1
+        STARTED[2].load(Ordering::SeqCst) == 1
     })
     .await;
     assert_eq!(
@@ -96,7 +98,7 @@ async fn a_running_job_is_cancelled_and_its_handler_dropped(pool: PgPool) {
         Cancelled::Running
     );
     wait_until("the handler dropped", || async {
-        DROPPED.load(Ordering::SeqCst) == 1
+        DROPPED[2].load(Ordering::SeqCst) == 1
     })
     .await;
     rt.stop().await;
@@ -105,7 +107,7 @@ async fn a_running_job_is_cancelled_and_its_handler_dropped(pool: PgPool) {
     assert_eq!(row.claimed_until, None);
     let last = row.errors.last().expect("the running attempt is recorded");
     assert_eq!((last.attempt, last.kind), (1, FailureKind::Cancelled));
-    assert_eq!(STARTED.load(Ordering::SeqCst), 1, "never run again");
+    assert_eq!(STARTED[2].load(Ordering::SeqCst), 1, "never run again");
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
@@ -114,7 +116,7 @@ async fn a_cancel_whose_notification_is_lost_is_learnt_at_the_next_renewal(pool:
     let rt = Running::start(runtime(&pool, &["cx.hang"]));
     wait_running(&pool, id).await;
     wait_until("the handler started", || async {
-        STARTED.load(Ordering::SeqCst) == 1
+        STARTED[3].load(Ordering::SeqCst) == 1
     })
     .await;
     // What the cancel writes, without its notification.
@@ -126,7 +128,7 @@ async fn a_cancel_whose_notification_is_lost_is_learnt_at_the_next_renewal(pool:
     .await
     .unwrap();
     wait_until("the handler dropped", || async {
-        DROPPED.load(Ordering::SeqCst) == 1
+        DROPPED[3].load(Ordering::SeqCst) == 1
     })
     .await;
     rt.stop().await;
