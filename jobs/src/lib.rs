@@ -353,9 +353,10 @@
 //! - **Failures are visible.** A job out of attempts, failed permanently, or whose payload
 //!   does not deserialize stays `failed`, with its `last_error`.
 //!
-//! The project's README, in its source repository, covers the guarantees in detail, the
-//! job table and its indexes, the privileges a runtime needs, and how to build and test
-//! the project itself.
+//! The project's README, in its source repository, takes a service from install to
+//! production (the job table, the privileges a runtime needs, deploying behind a
+//! pooler or in a schema of its own); RELIABILITY.md covers the guarantees in detail,
+//! and `docs/` how claims, limits and the runtime's connections work.
 #![forbid(unsafe_code)]
 
 pub mod admin;

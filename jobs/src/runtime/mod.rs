@@ -127,7 +127,7 @@ impl Runtime {
     ///
     /// The runtime's speed does not follow this number: for a kind whose jobs are short
     /// it claims ahead of its free slots (about 50 ms of the kind's recent work, at most
-    /// 1,000 claims), so that claims come in batches of hundreds. Those claims are leased
+    /// 2,000 claims), so that claims come in batches of hundreds. Those claims are leased
     /// and renewed like running ones, start as slots free, and are handed back unstarted
     /// at shutdown.
     pub fn concurrency(mut self, n: usize) -> Self {
