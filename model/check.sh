@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the protocol model (model/jobs.pml) with SPIN, exhaustively.
 #
-# The model itself must verify: the safety runs (assertions P1, P3-P9, invalid end
+# The model itself must verify: the safety runs (assertions P1, P3-P10, invalid end
 # states) and the liveness runs (LTL p2 under weak fairness) find no error. Each
 # mutation (one defect of the old protocol put back) must make SPIN find an error.
 # Prints one line per run and a last line `model: N passed, M failed`; exits 1 when a
@@ -92,30 +92,35 @@ run() {
     fi
 }
 
-# The model: heartbeat mode (fenced transactions) and transaction mode.
+# The model: heartbeat mode (fenced transactions) and transaction mode, each with a
+# runtime whose heartbeat may be cut off (MAXCUTOFF=1, the default), so that P10 (the
+# lease's local deadline) is checked; with three triggers, without the cut-off (its
+# size; it verifies with it too, outside this script: README).
 run safety-heartbeat      safety ok
 run safety-transaction    safety ok -DTXMODE
 run p2-heartbeat          live   ok
 run p2-transaction        live   ok -DTXMODE
 run p5-poison-heartbeat   live   ok -DPOISON
 run p5-poison-transaction live   ok -DPOISON -DTXMODE
-run safety-3-triggers-hb  safety ok -DNT=3
-run safety-3-triggers-tx  safety ok -DNT=3 -DTXMODE
+run safety-3-triggers-hb  safety ok -DNT=3 -DMAXCUTOFF=0
+run safety-3-triggers-tx  safety ok -DNT=3 -DTXMODE -DMAXCUTOFF=0
 run batch-ordered         safety ok -DBATCH
 # (b) as first built: floors held below a writer in progress, no look-back.
 run safety-holdback-hb    safety ok -DHOLDBACK
 # A global concurrency limit (LIMIT_LOCK, CLAIM_LIMITED): P8 with a limit of 1 over the
-# key's rows and an unkeyed row (one trigger in heartbeat mode, two in transaction
-# mode), p2 with it, and a limit of 2 over three runtimes and three rows (transaction
-# mode, no faults: the bounds its size allows).
+# key's rows and an unkeyed row (one trigger in heartbeat mode, with the cut-off; two in
+# transaction mode), p2 with it, and a limit of 2 over three runtimes and three rows
+# (transaction mode, no faults: the bounds its size allows). Only the first has the
+# heartbeat's cut-off; the others verify with it too, outside this script (README).
 run safety-limit-hb       safety ok -DLIMIT -DNT=1
-run safety-limit-tx       safety ok -DLIMIT -DTXMODE
-run p2-limit-hb           live   ok -DLIMIT -DNT=1
-run safety-limit2-tx      safety ok -DLIMIT -DNW=3 -DLIMN=2 -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0
+run safety-limit-tx       safety ok -DLIMIT -DTXMODE -DMAXCUTOFF=0
+run p2-limit-hb           live   ok -DLIMIT -DNT=1 -DMAXCUTOFF=0
+run safety-limit2-tx      safety ok -DLIMIT -DNW=3 -DLIMN=2 -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0 -DMAXCUTOFF=0
 # A limit per partition (LIMIT_LOCK, CLAIM_PARTITIONED, claims held ahead of the slot):
 # P9 with a limit of 1 over partition 0 (the key's rows and an unkeyed row) and
 # partition 1 (an unkeyed row), transaction mode, one fault and no snooze; p2 with it,
-# no fault; a limit of 2 over one partition of three unkeyed rows, no fault.
+# no fault; a limit of 2 over one partition of three unkeyed rows, no fault. (No
+# cut-off with partitions: claims held ahead of the slot carry no deadline here.)
 run safety-partition-tx   safety ok -DPARTITION -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=1 -DMAXSNOOZE=0
 run p2-partition-tx       live   ok -DPARTITION -DNU=2 -DNT=1 -DTXMODE -DMAXFAULT=0 -DMAXSNOOZE=0
 run safety-partition2-tx  safety ok -DPARTITION -DLIMN=2 -DNU=3 -DNT=0 -DP1ROWS=0 -DTXMODE -DMAXFAULT=0
@@ -130,6 +135,9 @@ run mut-batch-unordered        bfs  error -DBATCH -DMUT_BATCH_UNORDERED
 run mut-late-commit-keeps-run-after bfs error -DMUT_LATE_COMMIT_KEEPS_RUN_AFTER
 run mut-floor-passes-locked    bfs  error -DMUT_FLOOR_PASSES_LOCKED
 run mut-rerun-keeps-run-after  bfs  error -DMUT_RERUN_KEEPS_RUN_AFTER
+# No local deadline: a runtime cut off runs its handler on past its lease; P10.
+run mut-no-deadline-hb         bfs  error -DMUT_NO_DEADLINE
+run mut-no-deadline-tx         bfs  error -DMUT_NO_DEADLINE -DTXMODE
 # The limit's: each must break P8.
 run mut-limit-no-lock          bfs  error -DLIMIT -DMUT_LIMIT_NO_LOCK
 run mut-limit-lock-early-release bfs error -DLIMIT -DMUT_LIMIT_LOCK_EARLY_RELEASE

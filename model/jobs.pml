@@ -79,6 +79,19 @@
  * heartbeat; a held row counts as running like any other); they start one at a time as
  * the slot frees, or one that finds no slot is handed back (RELEASE, no delay). The
  * runtime claims again once its slot is free and it holds nothing ahead.
+ *
+ * The lease's local deadline (SPEC invariant 13). For each claim the runtime keeps, on
+ * its own monotonic clock, the moment its lease may end: when the last renewal that
+ * answered was sent (at first, when the claim's statement was sent), plus the lease,
+ * less a margin (a tenth of the lease, at most a second); the database's
+ * claimed_until is never earlier. A loop on the heartbeat's thread that needs no
+ * connection (`watch`) marks the claim lost at that moment, and the executor checks it
+ * before each poll of the handler: the handler is dropped and nothing is written for
+ * it (the database's lease runs out and RESCUE takes the row back). Here `dl` keeps the
+ * deadline relative to now(), set with the lease at the claim and at each RENEW, and a
+ * fault (`co`: the runtime's heartbeat is cut off, its renewals do not arrive) lets a
+ * claim's lease run down while its handler runs. P10: no two runtimes run a handler of
+ * the same job at once.
  */
 
 /* statements modelled: ENQUEUE_ONE ENQUEUE_MANY CLAIM CLAIM_SPLIT PROBE RENEW COMPLETE_DELETE COMPLETE_KEEP FAIL RELEASE RESCUE FENCE RETRY CANCEL DISCARD PRUNE_FAILED_BATCH LIMIT_LOCK CLAIM_LIMITED CLAIM_PARTITIONED HAND_OFF HAND_OFF_ONE */
@@ -105,10 +118,14 @@
  *   PARTITION   the limit holds per partition (LIMIT_LOCK, CLAIM_PARTITIONED); implies LIMIT
  *   P1ROWS      with PARTITION: the row slots of partition 1, a bit each (default 4,
  *               the first unkeyed row); the key's two slots are of one partition
+ *   MAXCUTOFF   runtimes whose heartbeat is cut off, in all (default 1; 0 with
+ *               PARTITION, whose claims held ahead of the slot carry no deadline here)
  * Mutations, each one defect of the old protocol put back:
  *   MUT_FLIGHT_DROPPED  MUT_TX_CLAIM_IN_TX  MUT_TX_LEASE_LOST_COMMITS
  *   MUT_FENCE_DROP_COMPLETES  MUT_COALESCE_KEEPS_ATTEMPTS  MUT_BATCH_UNORDERED
  *   MUT_LATE_COMMIT_KEEPS_RUN_AFTER  MUT_FLOOR_PASSES_LOCKED  MUT_RERUN_KEEPS_RUN_AFTER
+ *   MUT_NO_DEADLINE  no local deadline: a handler is told its lease is lost only by a
+ *               renewal's answer, which a runtime cut off never gets
  * and, with LIMIT, defects a claim of a limited kind must not have:
  *   MUT_LIMIT_NO_LOCK  MUT_LIMIT_LOCK_EARLY_RELEASE  MUT_LIMIT_SNAPSHOT_BEFORE_LOCK
  *   MUT_LIMIT_PLAIN_CLAIM
@@ -177,6 +194,23 @@ init {
 #define MAXSNOOZE 1     /* snoozes (RELEASE), in all */
 #endif
 #define LEASE 2         /* lease, in clock ticks */
+#define DL (LEASE - 1)  /* the local deadline after a claim or a renewal: the lease less
+                           a margin (a tenth of the lease, at most a second; here a tick) */
+#ifndef MAXCUTOFF
+#ifdef PARTITION
+#define MAXCUTOFF 0     /* held-ahead claims would need deadlines of their own */
+#else
+#define MAXCUTOFF 1     /* runtimes whose heartbeat is cut off, in all */
+#endif
+#endif
+#if defined(PARTITION) && MAXCUTOFF > 0
+#error "the cut-off is not modelled with PARTITION: claims held ahead carry no deadline here"
+#endif
+/* the deadline is kept and watched, except in the old transaction mode (the row lock
+   was the lease: claimed_until = infinity) and in its own mutation */
+#if !defined(OLDTX) && !defined(MUT_NO_DEADLINE)
+#define DEADLINE
+#endif
 #define INF 3           /* claimed_until = 'infinity' */
 #ifndef NW
 #define NW 2            /* runtimes */
@@ -240,6 +274,28 @@ byte sr[NW];            /* the claimed row */
 byte sg[NW];            /* the payload (trigger number) the run saw */
 bit pr[NW];             /* its success is promised (Ok, waiting for the completer) */
 bit dr[NW];             /* its fenced transaction was dropped */
+byte dl[NW];            /* the claim's local deadline, relative: lease_deadline() - now()
+                           in ticks (0: it falls before the next tick) */
+bit co[NW];             /* the runtime's heartbeat is cut off: its renewals do not arrive */
+bit gn[NW];             /* ghost: the row of its handler was deleted while it ran */
+byte cutoffs;
+
+/* a handler runs: the handler's future is being polled (heartbeat mode: also inside
+   its fenced transaction; in transaction mode FENCED is the commit, after the handler
+   returned). The local deadline applies to it (the code's `finished` is not set) */
+#ifdef TXMODE
+#define handling(r)     (ph[r] == RUN)
+#else
+#define handling(r)     (ph[r] == RUN || ph[r] == FENCED)
+#endif
+#ifdef DEADLINE
+#define set_dl(r)       dl[r] = DL
+/* the watch is due: a running handler at its deadline (it falls before the next tick) */
+#define at_deadline(r)  (handling(r) && dl[r] == 0)
+#else
+#define set_dl(r)       skip
+#define at_deadline(r)  false
+#endif
 
 /* ghost state for the properties, as bit sets over trigger numbers 1..NT */
 byte written;           /* result writes committed (fenced or transaction mode) */
@@ -308,7 +364,16 @@ byte rm[NW];            /* the running rows its early snapshot saw: partition 0'
 #define renewing(r)     (ph[r] == RUN || ph[r] == FENCED || ph[r] == WAITC || ph[r] == FAILW)
 #endif
 
+/* the ghost gn: the row of a running handler is deleted (by CANCEL in the protocol):
+   the slot may hold another job from now on */
+#define GONE(q, i)      if :: handling(q) && sr[q] == (i) -> gn[q] = 1 :: else -> skip fi
+#if NW == 2
+#define gone(i)         GONE(0, i); GONE(1, i)
+#else
+#define gone(i)         GONE(0, i); GONE(1, i); GONE(2, i)
+#endif
 inline clear_row(i) {
+    gone(i);
     row[i].st = FREE; row[i].att = 0; row[i].gen = 0; row[i].ra = 0; row[i].rr = 0; row[i].rd = 0;
     row[i].tok = 0; row[i].ls = 0; row[i].lock = 0; row[i].gc = 0; fresh_ra(i)
 }
@@ -325,8 +390,11 @@ inline rerun(i) {
     skip                                        /* run_after = rerun_after, as marked */
 #endif
 }
+/* the claim's end: the runtime forgets it. A cut-off heartbeat lasts until then: the
+   runtime claims only while its renewals answer (`renewing`), so its next claim is
+   renewed */
 inline clear_slot(r) {
-    ph[r] = IDLE; sr[r] = 0; sg[r] = 0; pr[r] = 0; dr[r] = 0
+    ph[r] = IDLE; sr[r] = 0; sg[r] = 0; pr[r] = 0; dr[r] = 0; dl[r] = 0; co[r] = 0; gn[r] = 0
 }
 /* a fresh attempt budget for a trigger */
 inline fresh(i) {
@@ -358,7 +426,7 @@ inline claim_row(r, i) {
 }
 inline CLAIM(r, i) {
     claim_row(r, i);
-    ph[r] = RUN; sr[r] = i; sg[r] = row[i].gen
+    ph[r] = RUN; sr[r] = i; sg[r] = row[i].gen; set_dl(r)   /* from the claim's sending */
 }
 
 /* RENEW: a held claim whose row nobody else has locked (SKIP LOCKED) */
@@ -735,7 +803,7 @@ end:
        is still current */
 #define START_STEP(i)   :: d_step { ph[r] == IDLE && (ah[r] & RB(i)) != 0 && (ah[r] & (RB(i) - 1)) == 0 -> \
             if \
-            :: current(r, i) -> ph[r] = RUN; sr[r] = i; sg[r] = ag[i] \
+            :: current(r, i) -> ph[r] = RUN; sr[r] = i; sg[r] = ag[i]; set_dl(r) \
             :: else -> skip \
             fi; \
             unhold(i) }
@@ -784,10 +852,12 @@ end:
 
 #ifndef TXMODE
 #ifndef POISON
-    /* the handler returns Ok without result writes: the completion is queued */
+    /* the handler returns Ok without result writes: the completion is queued (a
+       runtime whose renewals do not arrive promises nothing: its lease may run out
+       before the completion is written, and the job runs again, as after a crash) */
     :: d_step { ph[r] == RUN ->
             if
-            :: current(r, sr[r]) -> ok = ok | BIT(sg[r]); pr[r] = 1
+            :: current(r, sr[r]) && !co[r] -> ok = ok | BIT(sg[r]); pr[r] = 1
             :: else -> skip
             fi;
             ph[r] = WAITC }
@@ -897,13 +967,30 @@ end:
     od
 }
 
-/* a runtime's heartbeat: RENEW, skipping a row locked by another transaction */
+/* a runtime's heartbeat: RENEW, skipping a row locked by another transaction; the
+   renewal answers, and the claim's local deadline is a lease less the margin from its
+   sending (none arrives while the heartbeat is cut off) */
 proctype Heartbeat(byte r)
 {
 end:
     do
-    :: d_step { renewing(r) && row[sr[r]].tok == r + 1 && row[sr[r]].ls > 0 &&
-                row[sr[r]].ls < LEASE && row[sr[r]].lock == 0 -> RENEW(sr[r]) }
+    :: d_step { renewing(r) && !co[r] && row[sr[r]].tok == r + 1 && row[sr[r]].ls > 0 &&
+                row[sr[r]].ls < LEASE && row[sr[r]].lock == 0 -> RENEW(sr[r]);
+                if :: handling(r) -> set_dl(r) :: else -> skip fi }
+#ifdef DEADLINE
+    /* watch (and the executor's check before each poll of the handler): a running
+       handler at its deadline is told its lease is lost and dropped; a fenced
+       transaction it holds open is dropped with it and rolls back. Nothing is written
+       (the runtime forgets the claim: its lease runs out, and RESCUE takes the row
+       back). It needs no connection, and fires whether or not the renewals arrive: a
+       renewal that has not answered by then is late, and the handler is told too */
+    :: d_step { at_deadline(r) ->
+            if
+            :: row[sr[r]].lock == r + 1 -> row[sr[r]].lock = 0
+            :: else -> skip
+            fi;
+            clear_slot(r) }
+#endif
     od
 }
 
@@ -1144,6 +1231,13 @@ inline cut(r) {
 #endif
 }
 
+/* a runtime's heartbeat is cut off while a handler runs (its connection dropped, or
+   held open without an answer): its renewals do not arrive, until the claim ends (the
+   runtime's other statements may still run), and the clock may run its lease down.
+   The handler then runs until its deadline at most. A success it returns is no promise
+   (P6): the lease may run out before the completion is written, and the job runs
+   again, as after a crash. */
+#define cutoff(r)   co[r] = 1
 active proctype Fault()
 {
 end:
@@ -1156,22 +1250,33 @@ end:
     :: d_step { faults < MAXFAULT && busy(2) -> faults++; crash(2) }
     :: d_step { faults < MAXFAULT && has_tx(2) -> faults++; cut(2) }
 #endif
+#if MAXCUTOFF > 0
+    :: d_step { cutoffs < MAXCUTOFF && ph[0] == RUN && !co[0] -> cutoffs++; cutoff(0) }
+    :: d_step { cutoffs < MAXCUTOFF && ph[1] == RUN && !co[1] -> cutoffs++; cutoff(1) }
+#if NW > 2
+    :: d_step { cutoffs < MAXCUTOFF && ph[2] == RUN && !co[2] -> cutoffs++; cutoff(2) }
+#endif
+#endif
     /* or stops: weak fairness must not force a fault */
     :: break
     od
 }
 
 /* the clock: one tick of now(), whenever something depends on time. Timing
-   assumption: the heartbeat renews well within a lease, the completer writes a
-   completion well within a lease when nothing holds the row, and an application
-   transaction that holds a job's row lock ends within a lease; so a tick never lapses
-   a claim that its runtime renews unless a transaction of the claim itself (fenced or
-   transaction mode) holds the row, nor a completion that nothing holds up. Any other
-   lease can expire between any two steps. */
+   assumption: a heartbeat that is not cut off renews well within a lease, the
+   completer writes a completion well within a lease when nothing holds the row, and an
+   application transaction that holds a job's row lock ends within a lease; so a tick
+   never lapses a claim that its runtime renews unless a transaction of the claim itself
+   (fenced or transaction mode) holds the row, nor a completion that nothing holds up.
+   A runtime whose heartbeat is cut off renews nothing, and every lease of its claim may
+   run down. And the watch wakes at a deadline, within the margin: the clock does not
+   tick past a running handler's deadline before the handler is told (a process frozen
+   past it, which the executor's check before each poll covers, is not modelled). Any
+   other lease can expire between any two steps. */
 #define timed(i)    ((row[i].st == RUNNING && row[i].ls > 0 && row[i].ls != INF && !aheld(i)) || \
                      (row[i].st == RUNNING && row[i].rd == 1) || \
                      (row[i].st == PENDING && row[i].ra == 1))
-#define due(r)      (row[sr[r]].tok == (r) + 1 && row[sr[r]].ls == 1 && \
+#define due(r)      (!co[r] && row[sr[r]].tok == (r) + 1 && row[sr[r]].ls == 1 && \
                      ((renewing(r) && (row[sr[r]].lock == 0 || row[sr[r]].lock == APP)) || \
                       (ph[r] == WAITC && row[sr[r]].lock == 0)))
 inline tick(i) {
@@ -1186,12 +1291,27 @@ inline tick(i) {
     :: else -> skip
     fi
 }
+/* a runtime's local deadline moves one tick nearer; it no longer matters once the
+   handler has returned (kept at 0) */
+#ifdef DEADLINE
+#define tick_dl(r)      dl[r] = (handling(r) && dl[r] > 0 -> dl[r] - 1 : 0)
+#else
+#define tick_dl(r)      skip
+#endif
+#if NW == 2
+#define none_at_deadline    (!at_deadline(0) && !at_deadline(1))
+#define ticks_dl        tick_dl(0); tick_dl(1)
+#else
+#define none_at_deadline    (!at_deadline(0) && !at_deadline(1) && !at_deadline(2))
+#define ticks_dl        tick_dl(0); tick_dl(1); tick_dl(2)
+#endif
 active proctype Clock()
 {
 end:
     do
 #ifndef LIMIT
-    :: d_step { (timed(0) || timed(1)) && !due(0) && !due(1) -> tick(0); tick(1) }
+    :: d_step { (timed(0) || timed(1)) && !due(0) && !due(1) && none_at_deadline ->
+            tick(0); tick(1); ticks_dl }
 #else
 #define OR_TIMED(i)     || timed(i)
 #define TICK(i)         ; tick(i)
@@ -1200,8 +1320,8 @@ end:
 #else
 #define none_due        (!due(0) && !due(1) && !due(2))
 #endif
-    :: d_step { (timed(0) || timed(1) UNKEYED_X(OR_TIMED)) && none_due ->
-            tick(0); tick(1) UNKEYED(TICK) }
+    :: d_step { (timed(0) || timed(1) UNKEYED_X(OR_TIMED)) && none_due && none_at_deadline ->
+            tick(0); tick(1) UNKEYED(TICK); ticks_dl }
 #endif
     od
 }
@@ -1222,17 +1342,31 @@ end:
 #define AND_UNSTUCK(i)  && !stuck(i)
 #define p4          (!stuck(0) && !stuck(1) UNKEYED_X(AND_UNSTUCK))
 #endif
+/* P10: no two runtimes run a handler of the same job at once: both handlers running
+   (the handler's future polled, not yet dropped: `handling`), on the same row, which
+   was not deleted under either of them (a cancelled row, modelled as deleted, frees its
+   slot for another job while its handler runs on until it hears). The same row, not
+   only the same payload: a trigger that marks a running row for a re-run gives it the
+   next payload, and the re-run must not start while the first run goes on. (The old
+   transaction mode's handler that runs on after its session died, ORPHAN, is not
+   counted: that mode is modelled only for its mutations.) */
+#define same_job(r, q)  (handling(r) && handling(q) && sr[r] == sr[q] && !gn[r] && !gn[q])
+#if NW == 2
+#define p10         (!same_job(0, 1))
+#else
+#define p10         (!same_job(0, 1) && !same_job(0, 2) && !same_job(1, 2))
+#endif
 active proctype Monitor()
 {
 end:
 #ifndef LIMIT
-    atomic { !(p3 && p4) -> assert(false) }
+    atomic { !(p3 && p4 && p10) -> assert(p3 && p4); assert(p10) }
 #elif !defined(PARTITION)
     /* and P8: at most LIMN rows of the kind running */
-    atomic { !(p3 && p4 && p8) -> assert(p3 && p4); assert(p8) }
+    atomic { !(p3 && p4 && p8 && p10) -> assert(p3 && p4); assert(p8); assert(p10) }
 #else
     /* and P9: at most LIMN rows of each partition running */
-    atomic { !(p3 && p4 && p9) -> assert(p3 && p4); assert(p9) }
+    atomic { !(p3 && p4 && p9 && p10) -> assert(p3 && p4); assert(p9); assert(p10) }
 #endif
 }
 
