@@ -76,6 +76,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Why a job has not started: due later, its kind paused, at its limit or rate, no
+    /// runtime alive for its kind, behind other jobs, or claimed by a runtime.
+    Why {
+        /// The job's id.
+        id: i64,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Make a failed job pending again (claimable now, attempts reset), or every failed
     /// job of a kind.
     Retry {

@@ -342,6 +342,19 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
                 print(&output::job_detail(&job));
             }
         }
+        Command::Why { id, json } => {
+            let Some(why) = admin::explain(&mut *conn, id).await? else {
+                return Err(Failure::Operation(format!(
+                    "no job with id {id} (a job that succeeded is deleted at once unless its \
+                     kind keeps history: #[job(retain = \"7d\")])"
+                )));
+            };
+            if json {
+                print(&lines([output::why_json(&why)]));
+            } else {
+                print(&output::why_text(&why));
+            }
+        }
         Command::Retry { id: Some(id), .. } => act(conn, Action::Retry(id)).await?,
         Command::Retry { id: None, kind } => {
             act(conn, Action::RetryKind(kind.unwrap_or_default())).await?

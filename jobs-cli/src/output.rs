@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use jobs::admin::{JobRow, KindStats};
+use jobs::admin::{Explanation, JobRow, KindStats};
 use serde_json::{Value, json};
 use sqlx::types::chrono::{DateTime, Utc};
 
@@ -221,6 +221,29 @@ pub fn job_json(job: &JobRow) -> Value {
         })).collect::<Vec<_>>(),
         "checkpoint": job.checkpoint,
         "priority": job.priority,
+    })
+}
+
+/// Why a job has not started, a reason per line.
+pub fn why_text(why: &Explanation) -> String {
+    let mut out = format!("job {} ({}, {}):\n", why.id, why.kind, why.state);
+    for reason in &why.reasons {
+        let _ = writeln!(out, "  {reason}");
+    }
+    out
+}
+
+/// Why a job has not started, as a JSON object: each reason's `code` and `text`.
+pub fn why_json(why: &Explanation) -> Value {
+    json!({
+        "id": why.id,
+        "kind": why.kind,
+        "state": why.state.as_str(),
+        "at": time(&why.at),
+        "reasons": why.reasons.iter().map(|r| json!({
+            "code": r.code(),
+            "text": r.to_string(),
+        })).collect::<Vec<_>>(),
     })
 }
 

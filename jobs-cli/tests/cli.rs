@@ -241,12 +241,51 @@ async fn unknown_id_fails_with_a_clear_message(pool: PgPool) {
             "error: no job with id 424242 (a job that succeeded is deleted at once unless its \
              kind keeps history: #[job(retain = \"7d\")])\n",
         ),
+        (
+            &["why", "424242"],
+            "error: no job with id 424242 (a job that succeeded is deleted at once unless its \
+             kind keeps history: #[job(retain = \"7d\")])\n",
+        ),
     ] {
         let out = jobs(&url, args).await;
         assert_eq!(out.status.code(), Some(1), "{args:?}");
         assert_eq!(stderr(&out), message, "{args:?}");
         assert_eq!(stdout(&out), "", "{args:?}");
     }
+}
+
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn why_says_a_pending_job_waits_for_its_paused_kind_and_a_runtime(pool: PgPool) {
+    let url = url_of(&pool);
+    let first = insert(&pool, "email.send", "pending", None).await;
+    let second = insert(&pool, "email.send", "pending", None).await;
+    let out = jobs(&url, &["pause", "email.send", "--force"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let out = jobs(&url, &["why", &second.to_string()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], format!("job {second} (email.send, pending):"));
+    assert!(
+        lines[1].starts_with("  its kind is paused since "),
+        "{text}"
+    );
+    assert_eq!(lines[2], "  no runtime claims its kind: none is alive");
+    assert_eq!(lines[3], "  behind 1 due jobs of its kind in claim order");
+    assert_eq!(lines.len(), 4, "{text}");
+
+    let out = jobs(&url, &["why", &first.to_string(), "--json"]).await;
+    let why: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(why["id"], first);
+    assert_eq!(why["state"], "pending");
+    let codes: Vec<&str> = why["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes, ["paused", "no_runtime"]);
 }
 
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
@@ -356,7 +395,7 @@ async fn migrate_creates_the_job_table(pool: PgPool) {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
         stdout(&out),
-        "applied migration 1 (create jobs), 2 (end unbounded claims), 3 (attempt history), 4 (paused kinds), 5 (runtimes), 6 (checkpoints), 7 (cancelled), 8 (throughput), 9 (priority), 10 (spaced analyze), 11 (limits), 12 (partitions), 13 (late commits)\n"
+        "applied migration 1 (create jobs), 2 (end unbounded claims), 3 (attempt history), 4 (paused kinds), 5 (runtimes), 6 (checkpoints), 7 (cancelled), 8 (throughput), 9 (priority), 10 (spaced analyze), 11 (limits), 12 (partitions), 13 (late commits), 14 (trace), 15 (declared limits)\n"
     );
     let out = jobs(&url, &["migrate"]).await;
     assert_eq!(
@@ -683,11 +722,12 @@ async fn every_command_runs_with_the_operators_documented_grants(pool: PgPool) {
         discarded.to_string(),
         pending.to_string(),
     );
-    let commands: [&[&str]; 14] = [
+    let commands: [&[&str]; 15] = [
         &["stats"],
         &["history"],
         &["list", "--state", "failed"],
         &["show", &failed],
+        &["why", &pending],
         &["retry", &failed],
         &["cancel", &pending],
         &["discard", &discarded],

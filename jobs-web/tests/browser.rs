@@ -2,7 +2,8 @@
 //! (Debian's `chromium` and `chromium-driver`; `.ci/run` installs them). An operator
 //! finds a failed job from the overview, reads its error, retries it and confirms;
 //! pauses and resumes a kind; a payload, key, kind and error holding markup render
-//! inert; the page refreshes itself in place. Without Chromium or chromedriver the tests
+//! inert; the page refreshes itself in place; every link leads to a page of the
+//! dashboard, mounted under a prefix and at the root. Without Chromium or chromedriver the tests
 //! pass as skipped, saying so, unless `JOBS_REQUIRE_ALL_TESTS` is set (as `.ci/run`
 //! does): then they fail.
 
@@ -401,5 +402,74 @@ async fn with_javascript_off_every_page_reads_the_same(pool: PgPool) {
         format!("job {id} is pending again, claimable now")
     );
     assert_eq!(state_of(&pool, id).await.as_deref(), Some("pending"));
+    b.close().await;
+}
+
+/// Serves the dashboard nested under `prefix` in an application's router (at the root
+/// when empty); returns the dashboard's URL.
+async fn serve_under(pool: &PgPool, prefix: &str) -> String {
+    let dashboard = Dashboard::new(pool.clone()).router();
+    let app = if prefix.is_empty() {
+        dashboard
+    } else {
+        axum::Router::new()
+            .route("/", axum::routing::get(|| async { "the application" }))
+            .nest(prefix, dashboard)
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}{prefix}")
+}
+
+/// Every link the browser finds on every page it reaches from the overview leads to a
+/// page of the dashboard, with the dashboard mounted under a prefix and at the root: the
+/// links are resolved by the browser itself, as an operator's clicks are (the brand,
+/// "Overview" and the chart's ranges once led under a prefix to its home with a slash,
+/// which answered 404).
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn every_link_leads_to_a_page_under_a_prefix_and_at_the_root(pool: PgPool) {
+    insert(&pool, "mail.send", "done", None).await;
+    insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    insert(&pool, "report.build", "pending", None).await;
+    let Some(b) = browser().await else {
+        return;
+    };
+    for prefix in ["/admin/jobs", ""] {
+        let base = serve_under(&pool, prefix).await;
+        let mut seen = std::collections::BTreeSet::new();
+        let mut next = vec![base.clone()];
+        while let Some(url) = next.pop() {
+            if !seen.insert(url.clone()) || seen.len() > 80 {
+                continue;
+            }
+            b.client.goto(&url).await.unwrap();
+            // A page of the dashboard has its brand link; a 404 has an empty body.
+            let brand = b
+                .script("const a = document.querySelector('a.brand'); return a && a.href")
+                .await;
+            assert!(
+                brand.is_string(),
+                "{url} is not a page of the dashboard: {}",
+                b.script("return document.body.innerText").await
+            );
+            let links = b
+                .script("return Array.from(document.links, a => a.href.split('#')[0])")
+                .await;
+            for link in links.as_array().unwrap() {
+                let link = link.as_str().unwrap().to_owned();
+                assert!(
+                    link.starts_with(&base),
+                    "{url} links {link}, outside the dashboard at {base}"
+                );
+                next.push(link);
+            }
+        }
+        assert!(
+            seen.len() >= 5,
+            "only {} pages reached: {seen:?}",
+            seen.len()
+        );
+    }
     b.close().await;
 }

@@ -163,6 +163,25 @@ async fn the_job_page_shows_payload_attempts_and_times(pool: PgPool) {
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 }
 
+/// A pending job's page says why it waits (`jobs::admin::explain`); another's does not.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_pending_jobs_page_says_why_it_waits(pool: PgPool) {
+    let id = insert(&pool, "mail.send", "pending", None).await;
+    jobs::admin::pause_forced(&pool, "mail.send").await.unwrap();
+    let page = get(&app(&pool), &format!("/jobs/{id}"), None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    for expected in [
+        "Why it waits",
+        "<li data-reason=\"paused\">its kind is paused since ",
+        "<li data-reason=\"no_runtime\">no runtime claims its kind: none is alive</li>",
+    ] {
+        assert!(page.body.contains(expected), "{expected}: {}", page.body);
+    }
+    let failed = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    let page = get(&app(&pool), &format!("/jobs/{failed}"), None).await;
+    assert!(!page.body.contains("Why it waits"));
+}
+
 /// The ids on a listing page, in order.
 fn ids(body: &str) -> Vec<i64> {
     body.match_indices("<tr data-id=\"")

@@ -26,6 +26,7 @@ use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{Acquire, PgExecutor, Postgres, Row};
 
 use crate::error::Error;
+pub use crate::why::{Explanation, RuntimeInfo, Wait, explain};
 
 /// Every statement of this module, by name: the tests read them all.
 pub(crate) const STATEMENTS: &[(&str, &str)] = &[
@@ -48,6 +49,8 @@ pub(crate) const STATEMENTS: &[(&str, &str)] = &[
     ("LIMITS", LIMITS),
     ("RUNTIMES", RUNTIMES),
     ("THROUGHPUT", THROUGHPUT),
+    ("WHY_KIND", crate::why::WHY_KIND),
+    ("WHY_SHARES", crate::why::WHY_SHARES),
 ];
 
 /// The columns of a [`JobRow`], in the order [`JobRow::from_row`] reads them. A claim

@@ -375,6 +375,7 @@ mod runtime;
 mod sql;
 pub mod testing;
 mod trace;
+mod why;
 
 pub use connect::{connect, connect_with};
 pub use context::{FencedTx, JobContext, JobError, TxGuard};

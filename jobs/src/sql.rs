@@ -1862,8 +1862,8 @@ SELECT kind, false, concurrency, rate_starts, rate_ms FROM jobs_limits
 /// seconds, so a row removed as stale (an outage longer than the limit) comes back.
 /// Index: the primary key of `jobs_runtimes`.
 pub(crate) const RUNTIME_SEEN: &str = r#"
-INSERT INTO jobs_runtimes (id, name, host, pid, version, kinds, concurrency)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO jobs_runtimes (id, name, host, pid, version, kinds, concurrency, limits)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (id) DO UPDATE SET last_seen = now()
 "#;
 

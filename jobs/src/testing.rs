@@ -186,6 +186,14 @@ pub async fn assert_enqueued<'e, J>(
 /// whose job is running (a re-run mark, not a run) and a kind without a handler in
 /// this binary are permanent errors, and run nothing.
 ///
+/// It needs a database, on purpose: a handler's context is its job's row (the fenced
+/// transaction checks the claim's token on it, a checkpoint is written to it,
+/// transaction mode commits the completion with the handler's writes), so a mode
+/// without one would either fake those (and a test would pass against behaviour
+/// production does not have) or refuse them. As River's test worker does, it runs the
+/// handler over the real row instead; with [`#[jobs::test]`](crate::test) each test
+/// gets a migrated database of its own.
+///
 /// ```no_run
 /// # use jobs::sqlx;
 /// use jobs::{Job, JobContext, JobError};

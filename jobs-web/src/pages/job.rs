@@ -1,12 +1,13 @@
 //! One job: its payload, state, attempts and their errors, checkpoint, times, the
-//! runtime holding it, and what can be done with it.
+//! runtime holding it, why it has not started (a pending job), and what can be done
+//! with it.
 
 use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use jobs::admin::{self, JobRow, JobState, RuntimeRow};
+use jobs::admin::{self, Explanation, JobRow, JobState, RuntimeRow};
 use maud::{Markup, html};
 
 use crate::layout::{self, Nav, link, state_badge, when};
@@ -33,23 +34,28 @@ pub(crate) async fn page(
                 .find(|r| r.id == rid),
             None => None,
         };
-        Ok::<_, jobs::Error>((now, job, runtime))
+        // Why a pending job waits (the other states say it themselves).
+        let why = match &job {
+            Some(j) if j.state == JobState::Pending => admin::explain(pool, id).await?,
+            _ => None,
+        };
+        Ok::<_, jobs::Error>((now, job, runtime, why))
     };
     match read.await {
-        Ok((_, None, _)) => layout::error(
+        Ok((_, None, _, _)) => layout::error(
             &ctx,
             StatusCode::NOT_FOUND,
             &format!(
                 "There is no job {id}: it never existed, or it finished and its row was deleted (done jobs of kinds without retention, pruned rows)."
             ),
         ),
-        Ok((now, Some(job), runtime)) => {
+        Ok((now, Some(job), runtime, why)) => {
             let title = format!("Job {id}");
             layout::page(
                 &ctx,
                 &title,
                 Nav::None,
-                body(&ctx, now, &job, runtime.as_ref()),
+                body(&ctx, now, &job, runtime.as_ref(), why.as_ref()),
             )
             .into_response()
         }
@@ -57,7 +63,13 @@ pub(crate) async fn page(
     }
 }
 
-fn body(ctx: &Ctx, now: DateTime<Utc>, job: &JobRow, runtime: Option<&RuntimeRow>) -> Markup {
+fn body(
+    ctx: &Ctx,
+    now: DateTime<Utc>,
+    job: &JobRow,
+    runtime: Option<&RuntimeRow>,
+    why: Option<&Explanation>,
+) -> Markup {
     let actions: Vec<Action> = match job.state {
         JobState::Failed => vec![Action::Retry(job.id), Action::Discard(job.id)],
         JobState::Pending | JobState::Running => vec![Action::Cancel(job.id)],
@@ -76,6 +88,12 @@ fn body(ctx: &Ctx, now: DateTime<Utc>, job: &JobRow, runtime: Option<&RuntimeRow
         h1 { "Job " (job.id) " " (state_badge(job.state.as_str())) }
         @if !actions.is_empty() && !ctx.read_only {
             div.actions.bar { @for a in &actions { (layout::action_form(ctx, a)) } }
+        }
+        @if let Some(why) = why {
+            section.why {
+                h2 { "Why it waits" }
+                ul.reasons { @for r in &why.reasons { li data-reason=(r.code()) { (r.to_string()) } } }
+            }
         }
         div.columns {
             section {

@@ -28,6 +28,8 @@ pub(super) struct Registration {
     pid: i32,
     kinds: Vec<String>,
     concurrency: i32,
+    /// Its kinds' declared limits across runtimes (migration 15), for operators.
+    limits: serde_json::Value,
 }
 
 impl Registration {
@@ -39,8 +41,27 @@ impl Registration {
             pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
             kinds: shared.handlers.keys().map(|k| (*k).to_owned()).collect(),
             concurrency: i32::try_from(concurrency).unwrap_or(i32::MAX),
+            limits: declared_limits(shared),
         }
     }
+}
+
+/// The limits its kinds declare (`global_concurrency`, `rate`, `partition`), by kind;
+/// kinds without any are left out.
+fn declared_limits(shared: &Shared) -> serde_json::Value {
+    let kinds = shared.handlers.values().filter_map(|h| {
+        let c = &h.config;
+        (c.global_concurrency.is_some() || c.rate.is_some()).then(|| {
+            let limits = serde_json::json!({
+                "concurrency": c.global_concurrency,
+                "rate_starts": c.rate.map(|r| r.starts),
+                "rate_ms": c.rate.map(|r| millis(r.per)),
+                "partition": c.partition,
+            });
+            (h.kind.to_owned(), limits)
+        })
+    });
+    serde_json::Value::Object(kinds.collect())
 }
 
 /// The machine's host name, where the system says it (Linux), else `HOSTNAME`.
@@ -68,7 +89,8 @@ pub(super) async fn run(shared: Arc<Shared>, me: Registration) {
                 .bind(me.pid)
                 .bind(env!("CARGO_PKG_VERSION"))
                 .bind(&me.kinds)
-                .bind(me.concurrency),
+                .bind(me.concurrency)
+                .bind(&me.limits),
             execute
         );
         if let Err(e) =
