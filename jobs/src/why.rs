@@ -14,12 +14,13 @@ use crate::error::Error;
 /// How long after its last report a runtime counts as alive: it reports every 5 s.
 pub(crate) const ALIVE_WITHIN: Duration = Duration::from_secs(30);
 
-/// What holds up kind `$1`'s job `$2` (priority `$3`, run-after `$4`) besides its own
-/// row: the kind's pause, an operator's limits, the limits the runtimes declare for it
-/// (the latest report), the runtimes alive (seen within `$5` ms), and how many due jobs
-/// of the kind come before it in claim order (up to 100,000). Indexes: the primary keys
-/// of `jobs_paused` and `jobs_limits`; `jobs_runtimes` whole (a row per runtime);
-/// `jobs_claim`, the kind's range before the job.
+/// What holds up kind `$1`'s job `$2` besides its own row: the kind's pause, an
+/// operator's limits, the limits the runtimes declare for it (the latest report), the
+/// runtimes alive (seen within `$3` ms), and how many due jobs of the kind come before
+/// it in claim order (up to 100,000). Indexes: the primary keys of `jobs`,
+/// `jobs_paused` and `jobs_limits`; `jobs_runtimes` whole (a row per runtime);
+/// `jobs_claim`, the kind's range before the job (its place read from its row, each
+/// column a value of its own, so that the row comparison is the index's condition).
 pub(crate) const WHY_KIND: &str = r#"
 SELECT (SELECT p.paused_at FROM jobs_paused p WHERE p.kind = $1) AS paused_at,
        l.concurrency AS set_concurrency, l.rate_starts AS set_rate_starts, l.rate_ms AS set_rate_ms,
@@ -28,11 +29,13 @@ SELECT (SELECT p.paused_at FROM jobs_paused p WHERE p.kind = $1) AS paused_at,
        coalesce((SELECT jsonb_agg(jsonb_build_object('id', r.id, 'name', r.name, 'host', r.host,
                                                      'kinds', r.kinds) ORDER BY r.started_at, r.id)
                  FROM jobs_runtimes r
-                 WHERE r.last_seen > now() - $5 * interval '1 millisecond'), '[]') AS live,
+                 WHERE r.last_seen > now() - $3 * interval '1 millisecond'), '[]') AS live,
        (SELECT count(*) FROM (
             SELECT FROM jobs a
             WHERE a.state = 'pending' AND a.kind = $1 AND a.run_after <= now()
-              AND (a.priority, a.run_after, a.id) < ($3::smallint, $4::timestamptz, $2::bigint)
+              AND (a.priority, a.run_after, a.id)
+                  < ((SELECT j.priority FROM jobs j WHERE j.id = $2),
+                     (SELECT j.run_after FROM jobs j WHERE j.id = $2), $2::bigint)
             LIMIT 100000) a) AS ahead,
        now() AS now
 FROM (SELECT) one
@@ -339,8 +342,6 @@ where
     let row = crate::pooler::query(WHY_KIND)
         .bind(&job.kind)
         .bind(job.id)
-        .bind(job.priority)
-        .bind(job.run_after)
         .bind(crate::enqueue::millis(ALIVE_WITHIN))
         .fetch_one(&mut *conn)
         .await?;
