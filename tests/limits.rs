@@ -1381,3 +1381,69 @@ async fn a_rate_holds_per_partition_over_ten_thousand_partitions(pool: PgPool) {
         );
     }
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.rate_lock_wait", rate = "1000/10s")]
+struct RateLockWait {}
+
+static RATE_LOCK_WAIT_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[jobs::handler]
+async fn rate_lock_wait(_job: RateLockWait, _ctx: JobContext) -> Result<(), JobError> {
+    RATE_LOCK_WAIT_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// A claim of a kind with a rate that waited for the kind's lock (another runtime's
+/// claim held it) starts what it took: the margin to start (here 100 ms) counts from
+/// the claim's statement, as the rate's log of starts does, not from before the wait.
+/// Counted before the wait, every job of such a claim went back unstarted and was
+/// claimed again: each claim's starts are logged, so the log held two per job.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_claim_that_waited_for_the_kinds_lock_starts_what_it_took(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..5 {
+        batch.push(&RateLockWait {}).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    // Hold the kind's lock, as another runtime's claim would, a little longer than the
+    // margin, once the runtime's claim waits for it.
+    let mut holder = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1, hashtext($2))")
+        .bind(0x6a6f_6273_i32)
+        .bind("limits.rate_lock_wait")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let rt = Running::start(runtime(&pool, &["limits.rate_lock_wait"]));
+    wait_until("the runtime's claim waits for the lock", || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(180)).await;
+    sqlx::query("SELECT pg_advisory_unlock($1, hashtext($2))")
+        .bind(0x6a6f_6273_i32)
+        .bind("limits.rate_lock_wait")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    wait_until("every job ran", || async {
+        RATE_LOCK_WAIT_RUNS.load(Ordering::SeqCst) == 5
+    })
+    .await;
+    rt.stop().await;
+    let logged: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(n), 0)::bigint FROM jobs_starts WHERE kind = 'limits.rate_lock_wait'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(logged, 5, "each job claimed once: none went back unstarted");
+    assert_eq!(RATE_LOCK_WAIT_RUNS.load(Ordering::SeqCst), 5);
+}
