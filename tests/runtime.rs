@@ -1439,8 +1439,8 @@ async fn renewals_and_completions_probe_their_claims_by_id_whatever_the_statisti
         ("COMPLETE_DELETE", "bigint[], uuid[]", ""),
         (
             "COMPLETE_KEEP",
-            "bigint[], uuid[], bigint[], bool[]",
-            ", array_fill(NULL::bigint, ARRAY[2000]), array_fill(true, ARRAY[2000])",
+            "bigint[], uuid[], bigint[], bool[], text[]",
+            ", array_fill(NULL::bigint, ARRAY[2000]), array_fill(true, ARRAY[2000]), '{}'",
         ),
     ] {
         let run = |sql: String| sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -1881,6 +1881,7 @@ async fn the_keeping_completion_leaves_a_claim_of_a_kind_without_history_to_the_
             .bind(vec![token])
             .bind(vec![None::<i64>])
             .bind(vec![kept])
+            .bind(Vec::<String>::new())
     };
     let row = keep(false).fetch_one(&pool).await.unwrap();
     assert_eq!(

@@ -220,6 +220,7 @@ pub fn job_json(job: &JobRow) -> Value {
             "runtime": e.runtime,
         })).collect::<Vec<_>>(),
         "checkpoint": job.checkpoint,
+        "output": job.output,
         "priority": job.priority,
     })
 }
@@ -321,6 +322,15 @@ pub fn job_detail(job: &JobRow) -> String {
             None => text,
         };
         let _ = writeln!(out, "{:<14}{shown}", "checkpoint");
+    }
+    if let Some(output) = &job.output {
+        // Compact, on one line, as the checkpoint.
+        let text = output.to_string();
+        let shown = match text.char_indices().nth(PAYLOAD_SHOWN) {
+            Some((at, _)) => format!("{} …", &text[..at]),
+            None => text,
+        };
+        let _ = writeln!(out, "{:<14}{shown}", "output");
     }
     out.push_str("payload\n");
     // serde_json escapes control characters inside strings.

@@ -8,8 +8,7 @@ use syn::{FnArg, ItemFn, ReturnType, Type};
 
 use crate::attr::Errors;
 
-const SIGNATURE: &str =
-    "expected `async fn name(job: MyJob, ctx: jobs::JobContext) -> Result<(), jobs::JobError>`";
+const SIGNATURE: &str = "expected `async fn name(job: MyJob, ctx: jobs::JobContext) -> Result<(), jobs::JobError>` (or `Result<T, jobs::JobError>`, `T` a `Serialize` output)";
 
 pub(crate) fn expand(args: TokenStream, input: TokenStream) -> TokenStream {
     let item: ItemFn = match syn::parse2(input.clone()) {
@@ -126,7 +125,7 @@ pub(crate) fn expand(args: TokenStream, input: TokenStream) -> TokenStream {
     let callee = quote_spanned!(at(name.span())=> __jobs_handler);
     let result = quote_spanned! {at(ret_ty.span())=>
         let __jobs_result: ::core::result::Result<(), ::jobs::JobError> =
-            ::jobs::__private::HandlerResult::into_job_result(__jobs_result);
+            ::jobs::__private::HandlerResult::into_job_result(__jobs_result, __jobs_output);
     };
     // One body (closures are checked with the static that holds them): a first argument
     // that is not a `Job` is reported once, at its type, not once per use.
@@ -145,6 +144,7 @@ pub(crate) fn expand(args: TokenStream, input: TokenStream) -> TokenStream {
                                 // Through a value: a direct call would set off
                                 // clippy::unused_async on handlers that need no await.
                                 let __jobs_handler = #name;
+                                let __jobs_output = ::jobs::__private::OutputSlot::of(&__jobs_ctx);
                                 let __jobs_result = #callee(__jobs_job, #ctx_arg).await;
                                 #result
                                 __jobs_result

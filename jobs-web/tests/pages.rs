@@ -163,6 +163,26 @@ async fn the_job_page_shows_payload_attempts_and_times(pool: PgPool) {
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 }
 
+/// A done job's page shows its handler's output (a kind that keeps done rows).
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_done_jobs_page_shows_its_output(pool: PgPool) {
+    let id = insert(&pool, "video.transcode", "done", None).await;
+    sqlx::query(
+        "UPDATE jobs SET output = '{\"url\": \"https://cdn.example/1080.mp4\"}' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let page = get(&app(&pool), &format!("/jobs/{id}"), None).await;
+    assert!(page.body.contains("<h2>Output</h2>"), "{}", page.body);
+    assert!(
+        page.body.contains("https://cdn.example/1080.mp4"),
+        "{}",
+        page.body
+    );
+}
+
 /// A pending job's page says why it waits (`jobs::admin::explain`); another's does not.
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn a_pending_jobs_page_says_why_it_waits(pool: PgPool) {

@@ -62,7 +62,7 @@ macro_rules! job_columns {
             "id, kind, key, state, attempts, max_attempts, run_after, last_error, payload, \
          created_at, finished_at, nullif(claimed_until, 'infinity') AS claimed_until, \
          coalesce(claimed_until = 'infinity', false) AS claim_unbounded, runtime_id, \
-         checkpoint, priority, ",
+         checkpoint, priority, output, ",
             crate::history::history_columns!()
         )
     };
@@ -423,6 +423,11 @@ pub struct JobRow {
     /// The last checkpoint a handler stored (see
     /// [`JobContext::checkpoint`](crate::JobContext::checkpoint)), if any.
     pub checkpoint: Option<serde_json::Value>,
+    /// What its handler returned, for a kind that keeps done rows (`retain`): the last
+    /// completed run's output (`Result<T, JobError>`, `T: Serialize`), stored with its
+    /// completion. None for `()`, for a kind that keeps no done rows, and until a run
+    /// completes.
+    pub output: Option<serde_json::Value>,
     /// Its priority: 0 is claimed first, among the due jobs of its kind.
     pub priority: i16,
 }
@@ -452,6 +457,7 @@ impl JobRow {
             runtime: row.try_get("runtime_id")?,
             errors: crate::history::from_row(row)?,
             checkpoint: row.try_get("checkpoint")?,
+            output: row.try_get("output")?,
             priority: row.try_get("priority")?,
         })
     }

@@ -91,6 +91,9 @@ pub(crate) struct Inner {
     /// claim's statement), on this process's monotonic clock: the database's
     /// `claimed_until` is at least a lease after it ([`Inner::lease_deadline`]).
     pub renewed: std::sync::Mutex<std::time::Instant>,
+    /// The handler's output, as JSON, for a kind that keeps done rows: written by the
+    /// completion (`crate::outcome`).
+    pub output: std::sync::Mutex<Option<String>>,
 }
 
 impl Inner {

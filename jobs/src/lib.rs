@@ -384,8 +384,8 @@ pub use error::Error;
 pub use history::{AttemptError, FailureKind};
 pub use job::{CronSchedule, Job, JobConfig, KeyPart, Lease, Rate};
 pub use limits::{
-    DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEY_BYTES, MAX_KIND_BYTES, MAX_RATE_WINDOW, max_payload_bytes,
-    set_max_payload_bytes,
+    DEFAULT_MAX_PAYLOAD_BYTES, MAX_KEY_BYTES, MAX_KIND_BYTES, MAX_OUTPUT_BYTES, MAX_RATE_WINDOW,
+    max_payload_bytes, set_max_payload_bytes,
 };
 
 /// The least urgent priority: priorities go from 0 (claimed first) to this.
@@ -478,7 +478,7 @@ struct ReadmeDoctests;
 /// generate. May change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::outcome::HandlerResult;
+    pub use crate::outcome::{HandlerResult, OutputSlot};
     pub use crate::registry::{HandlerFuture, HandlerInfo, HandlerInput, KindInfo, dispatch};
     pub use inventory;
 

@@ -18,6 +18,14 @@ pub const MAX_KEY_BYTES: usize = 2_000;
 /// of [`MAX_KEY_BYTES`] beside it, an index entry stays under PostgreSQL's limit.
 pub const MAX_KIND_BYTES: usize = 500;
 
+/// The largest output a handler may return, in bytes of serialized JSON: 1 MiB.
+///
+/// The output of a kind that keeps done rows (`retain`) is stored in its row by the
+/// completion, and read whole by every operator's look at the job. A larger one fails
+/// the run for good, naming its size and this limit, and nothing is stored: store large
+/// results in a table of your own and return their id.
+pub const MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+
 /// The default of [`max_payload_bytes`]: 16 MiB of JSON.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
 

@@ -1,42 +1,93 @@
-//! What a handler may return: `Result<(), JobError>`, and, with the `anyhow` or `eyre`
-//! features, `anyhow::Result<()>` or `eyre::Result<()>`, so that `?` works on the errors
-//! a Rust service already carries.
+//! What a handler may return: `Result<T, JobError>`, and, with the `anyhow` or `eyre`
+//! features, `anyhow::Result<T>` or `eyre::Result<T>`, so that `?` works on the errors
+//! a Rust service already carries. `T` is `()`, or any `Serialize` value: the job's
+//! output, which a kind that keeps done rows (`retain`) stores with the completion
+//! ([`crate::admin::JobRow::output`]). A kind that keeps none does not serialize it.
 //!
 //! An `anyhow::Error` (or `eyre::Report`) becomes a retried failure whose message is the
 //! error with its chain of causes ("outer: inner: root"). A [`JobError`] returned through
 //! it (`Err(JobError::permanent("..."))?`, or a context method's error with `?`) keeps
 //! its meaning: permanent stays permanent, a snooze stays a snooze.
 
-use crate::JobError;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::context::{Inner, JobContext};
+use crate::{JobError, MAX_OUTPUT_BYTES};
 
 /// The return types a `#[jobs::handler]` accepts. Not for implementing: used by the
 /// code the attribute generates.
 #[diagnostic::on_unimplemented(
-    message = "a job handler returns `Result<(), jobs::JobError>`, not `{Self}`",
+    message = "a job handler returns `Result<T, jobs::JobError>` (`T`: `()` or a `Serialize` output), not `{Self}`",
     label = "the handler's return type",
-    note = "with the `anyhow` or `eyre` feature of pgjobs, `anyhow::Result<()>` or `eyre::Result<()>` too"
+    note = "with the `anyhow` or `eyre` feature of pgjobs, `anyhow::Result<T>` or `eyre::Result<T>` too"
 )]
 pub trait HandlerResult {
-    /// The handler's result as the runtime reads it.
-    fn into_job_result(self) -> Result<(), JobError>;
+    /// The handler's result as the runtime reads it; its output goes to `output`.
+    fn into_job_result(self, output: OutputSlot) -> Result<(), JobError>;
 }
 
-impl HandlerResult for Result<(), JobError> {
-    fn into_job_result(self) -> Result<(), JobError> {
-        self
+impl<T: Serialize> HandlerResult for Result<T, JobError> {
+    fn into_job_result(self, output: OutputSlot) -> Result<(), JobError> {
+        output.store(&self?)
+    }
+}
+
+/// Where a run's output goes: its claim, if its kind keeps done rows. Not for use:
+/// made by the code `#[jobs::handler]` generates, before the handler is called.
+pub struct OutputSlot(Option<Arc<Inner>>);
+
+impl OutputSlot {
+    /// The slot of the run `ctx` belongs to.
+    pub fn of(ctx: &JobContext) -> Self {
+        OutputSlot(ctx.inner.config.retain.is_some().then(|| ctx.inner.clone()))
+    }
+
+    /// Keeps `value`, as JSON, for the completion to store; `null` (a `()`) is nothing.
+    /// One that does not serialize, or serializes to more than [`MAX_OUTPUT_BYTES`],
+    /// fails the run for good.
+    fn store<T: Serialize>(self, value: &T) -> Result<(), JobError> {
+        let Some(inner) = self.0 else {
+            return Ok(());
+        };
+        let json = serde_json::to_string(value).map_err(|e| {
+            JobError::permanent(format!("the handler's output does not serialize: {e}"))
+        })?;
+        if json == "null" {
+            return Ok(());
+        }
+        if json.len() > MAX_OUTPUT_BYTES {
+            return Err(JobError::permanent(format!(
+                "the handler's output is {} bytes of JSON, more than jobs::MAX_OUTPUT_BYTES \
+                 ({MAX_OUTPUT_BYTES}): store it in a table of your own and return its id",
+                json.len()
+            )));
+        }
+        if inner.completed.load(std::sync::atomic::Ordering::Acquire) {
+            tracing::warn!(
+                job.id = inner.id,
+                job.kind = inner.kind,
+                "the job completed with its fenced transaction's commit, before the handler returned: its output is not stored"
+            );
+            return Ok(());
+        }
+        *inner.output.lock().expect("lock poisoned") = Some(json);
+        Ok(())
     }
 }
 
 #[cfg(feature = "anyhow")]
 mod anyhow_support {
-    use super::{HandlerResult, JobError};
+    use super::{HandlerResult, JobError, OutputSlot, Serialize};
 
-    impl HandlerResult for Result<(), anyhow::Error> {
-        fn into_job_result(self) -> Result<(), JobError> {
-            self.map_err(|e| match e.downcast::<JobError>() {
+    impl<T: Serialize> HandlerResult for Result<T, anyhow::Error> {
+        fn into_job_result(self, output: OutputSlot) -> Result<(), JobError> {
+            let value = self.map_err(|e| match e.downcast::<JobError>() {
                 Ok(job_error) => job_error,
                 Err(e) => JobError::retry(format!("{e:#}")),
-            })
+            })?;
+            output.store(&value)
         }
     }
 
@@ -50,14 +101,15 @@ mod anyhow_support {
 
 #[cfg(feature = "eyre")]
 mod eyre_support {
-    use super::{HandlerResult, JobError};
+    use super::{HandlerResult, JobError, OutputSlot, Serialize};
 
-    impl HandlerResult for Result<(), eyre::Report> {
-        fn into_job_result(self) -> Result<(), JobError> {
-            self.map_err(|e| match e.downcast::<JobError>() {
+    impl<T: Serialize> HandlerResult for Result<T, eyre::Report> {
+        fn into_job_result(self, output: OutputSlot) -> Result<(), JobError> {
+            let value = self.map_err(|e| match e.downcast::<JobError>() {
                 Ok(job_error) => job_error,
                 Err(e) => JobError::retry(format!("{e:#}")),
-            })
+            })?;
+            output.store(&value)
         }
     }
 

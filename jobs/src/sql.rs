@@ -1499,6 +1499,9 @@ RETURNING j.id
 /// `SKIP LOCKED`, as [`COMPLETE_DELETE`]: it never waits for a lock. Index: primary
 /// key. Times are `statement_timestamp()`, as there.
 ///
+/// `$5[i]` is the handler's output (JSON text, or NULL; an empty array for none at
+/// all), stored with the completion: the last completed run's.
+///
 /// `$4[i]` says whether the kind keeps done rows. A claim of a kind that keeps none
 /// comes here only when [`COMPLETE_DELETE`] skipped it: for a re-run mark, or because
 /// its row was locked. Only the first is completed here; the second is left (reported
@@ -1509,11 +1512,11 @@ RETURNING j.id
 /// Sent unnamed, planned for each batch (why: [`COMPLETE_DELETE`]).
 pub(crate) const COMPLETE_KEEP: &str = r#"
 WITH c AS MATERIALIZED (
-    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::bool[])
-        AS c(id, token, every_ms, keep)
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::bool[], $5::text[])
+        AS c(id, token, every_ms, keep, output)
 ),
 mine AS MATERIALIZED (
-    SELECT l.id, c.every_ms
+    SELECT l.id, c.every_ms, c.output
     FROM c
     CROSS JOIN LATERAL (
         SELECT j.id FROM jobs j
@@ -1541,7 +1544,8 @@ done AS (
                           THEN j.checkpoint END,
         rerun_after = NULL,
         claimed_by = NULL,
-        claimed_until = NULL
+        claimed_until = NULL,
+        output = m.output::jsonb
     FROM mine m
     WHERE j.id = ANY(ARRAY(SELECT id FROM mine)) AND j.id = m.id
     RETURNING j.id

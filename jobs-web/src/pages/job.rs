@@ -125,6 +125,10 @@ fn body(
                     Some(c) => (layout::json_block_capped(c, layout::JSON_SHOWN_BYTES, None)),
                     None => p.muted { "None saved." },
                 }
+                @if let Some(output) = &job.output {
+                    h2 { "Output" }
+                    div.output { (layout::json_block_capped(output, layout::JSON_SHOWN_BYTES, None)) }
+                }
             }
         }
         h2 { "Attempts" }

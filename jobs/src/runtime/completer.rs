@@ -22,7 +22,7 @@ use crate::runtime::backoff::Backoff;
 use crate::sql;
 
 /// One successful claim to complete.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Completion {
     pub id: i64,
     pub token: Uuid,
@@ -39,6 +39,8 @@ pub(crate) struct Completion {
     /// With `limited`, when the completion hands its share on to the kind's next job in
     /// the statement that writes it ([`sql::HAND_OFF`]).
     pub hand_off: Option<HandOff>,
+    /// The handler's output, as JSON, for a kind that keeps done rows.
+    pub output: Option<String>,
 }
 
 /// What a completion needs to hand its kind's share on ([`sql::HAND_OFF`]): the
@@ -59,6 +61,7 @@ impl Completion {
             every_ms: job.next_run_ms(),
             limited: None,
             hand_off: None,
+            output: job.output.lock().expect("lock poisoned").clone(),
         }
     }
 }
@@ -137,12 +140,19 @@ pub(crate) async fn complete_batch(
         let tokens: Vec<Uuid> = rest.iter().map(|c| c.token).collect();
         let every: Vec<Option<i64>> = rest.iter().map(|c| c.every_ms).collect();
         let keep: Vec<bool> = rest.iter().map(|c| c.keep).collect();
+        // No array when no claim has an output (unnest pads it with NULLs).
+        let outputs: Vec<Option<&str>> = if rest.iter().any(|c| c.output.is_some()) {
+            rest.iter().map(|c| c.output.as_deref()).collect()
+        } else {
+            Vec::new()
+        };
         let kept: Vec<(i64, bool, bool)> = crate::pooler::query_as(sql::COMPLETE_KEEP)
             .persistent(false) // planned for its batch: see `sql::COMPLETE_DELETE`
             .bind(&ids)
             .bind(&tokens)
             .bind(&every)
             .bind(&keep)
+            .bind(&outputs)
             .fetch_all(&mut *conn)
             .await?;
         for (id, done, held) in kept {

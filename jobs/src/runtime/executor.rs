@@ -107,6 +107,7 @@ impl Claimed {
                 .is_transaction()
                 .then(|| Mutex::new(TxSlot::Unopened)),
             renewed: std::sync::Mutex::new(self.claimed_at),
+            output: std::sync::Mutex::new(None),
         })
     }
 }
