@@ -331,10 +331,7 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
         }
         Command::Show { id, json } => {
             let Some(job) = admin::get(&mut *conn, id).await? else {
-                return Err(Failure::Operation(format!(
-                    "no job with id {id} (a job that succeeded is deleted at once unless its \
-                     kind keeps history: #[job(retain = \"7d\")])"
-                )));
+                return Err(no_job(id));
             };
             if json {
                 print(&lines([output::job_json(&job)]));
@@ -344,10 +341,7 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
         }
         Command::Why { id, json } => {
             let Some(why) = admin::explain(&mut *conn, id).await? else {
-                return Err(Failure::Operation(format!(
-                    "no job with id {id} (a job that succeeded is deleted at once unless its \
-                     kind keeps history: #[job(retain = \"7d\")])"
-                )));
+                return Err(no_job(id));
             };
             if json {
                 print(&lines([output::why_json(&why)]));
@@ -407,6 +401,15 @@ async fn execute(conn: &mut PgConnection, command: Command) -> Result<(), Failur
         }
     }
     Ok(())
+}
+
+/// No row for job `id`: never enqueued, or done and deleted (its kind keeps no
+/// history), or pruned.
+fn no_job(id: i64) -> Failure {
+    Failure::Operation(format!(
+        "no job with id {id} (a job that succeeded is deleted at once unless its \
+         kind keeps history: #[job(retain = \"7d\")])"
+    ))
 }
 
 /// Runs an operator's action (the dashboard's buttons run the same) and prints what it

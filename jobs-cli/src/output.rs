@@ -314,23 +314,15 @@ pub fn job_detail(job: &JobRow) -> String {
             }
         }
     }
-    if let Some(checkpoint) = &job.checkpoint {
+    for (label, value) in [("checkpoint", &job.checkpoint), ("output", &job.output)] {
+        let Some(value) = value else { continue };
         // Compact, on one line: serde_json escapes control characters inside strings.
-        let text = checkpoint.to_string();
+        let text = value.to_string();
         let shown = match text.char_indices().nth(PAYLOAD_SHOWN) {
             Some((at, _)) => format!("{} …", &text[..at]),
             None => text,
         };
-        let _ = writeln!(out, "{:<14}{shown}", "checkpoint");
-    }
-    if let Some(output) = &job.output {
-        // Compact, on one line, as the checkpoint.
-        let text = output.to_string();
-        let shown = match text.char_indices().nth(PAYLOAD_SHOWN) {
-            Some((at, _)) => format!("{} …", &text[..at]),
-            None => text,
-        };
-        let _ = writeln!(out, "{:<14}{shown}", "output");
+        let _ = writeln!(out, "{label:<14}{shown}");
     }
     out.push_str("payload\n");
     // serde_json escapes control characters inside strings.
