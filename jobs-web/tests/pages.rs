@@ -904,6 +904,19 @@ async fn drop_role(pool: &PgPool, role: &str, own: PgPool) {
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn the_dashboard_runs_with_the_documented_grants(pool: PgPool) {
     let id = insert(&pool, "mail.send", "failed", Some("smtp down")).await;
+    // A pending job of a kind with limits: its page says why it waits, which reads the
+    // kind's running jobs and the rate's window (`jobs_starts`).
+    let waiting = insert(&pool, "mail.digest", "pending", None).await;
+    jobs::admin::set_limits(
+        &pool,
+        "mail.digest",
+        jobs::admin::KindLimits::default()
+            .concurrency(1)
+            .rate(10, std::time::Duration::from_secs(60)),
+    )
+    .await
+    .unwrap();
+    let pages = || pages_of(id).into_iter().chain([format!("/jobs/{waiting}")]);
     let (blocks, text) = readme_privileges();
     let operator_grants = format!(
         "{} {}",
@@ -912,7 +925,7 @@ async fn the_dashboard_runs_with_the_documented_grants(pool: PgPool) {
     );
     let (role, own) = role_with(&pool, "op", &operator_grants).await;
     let app = Dashboard::new(own.clone()).router();
-    for path in pages_of(id) {
+    for path in pages() {
         let page = get(&app, &path, None).await;
         assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
     }
@@ -954,9 +967,11 @@ async fn the_dashboard_runs_with_the_documented_grants(pool: PgPool) {
     );
     let (role, own) = role_with(&pool, "ro", &read_only).await;
     let app = Dashboard::new(own.clone()).read_only(true).router();
-    for path in pages_of(id) {
+    for path in pages() {
         let page = get(&app, &path, None).await;
         assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
     }
+    let page = get(&app, &format!("/jobs/{waiting}"), None).await;
+    assert!(page.body.contains("Why it waits"), "{}", page.body);
     drop_role(&pool, &role, own).await;
 }
