@@ -5,6 +5,7 @@
 //! cargo run --release --example bench -- horizon [--held 600] [--holder xid|readers]
 //! cargo run --release --example bench -- web [--rows 2000000] [--runs 9]
 //! cargo run --release --example bench -- failover [--rate 500] [--before 20] [--down 2] [--after 30]
+//! cargo run --release --example bench -- fresh [--rate 400] [--seconds 120] [--vacuum-first] [--every-kind]
 //! ```
 //!
 //! Each workload runs on a freshly created database (`JOBS_BENCH_DATABASE_URL`, default
@@ -14,6 +15,7 @@
 //! after `jobs::behind_transaction_pooler()`; the setup stays direct. With
 //! `JOBS_BENCH_SETUP_SQL`, each fresh database runs that SQL after the migrations: a way
 //! to measure a changed index or setting beside the shipped schema before changing it.
+//! `fresh` runs on a server with autovacuum on (`JOBS_BENCH_FRESH_URL`, `fresh.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,6 +30,7 @@ use sqlx::{PgPool, Postgres};
 
 mod claim_cost;
 mod failover;
+mod fresh;
 mod horizon;
 mod late;
 mod limits;
@@ -867,6 +870,10 @@ async fn main() {
     }
     if args.first().map(String::as_str) == Some("failover") {
         failover::run(failover::Options::parse(&args[1..])).await;
+        return;
+    }
+    if args.first().map(String::as_str) == Some("fresh") {
+        fresh::run(fresh::Options::parse(&args[1..])).await;
         return;
     }
     if args.first().map(String::as_str) == Some("web") {
