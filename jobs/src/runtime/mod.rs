@@ -613,7 +613,8 @@ impl RunCounts {
     }
 }
 
-/// How many times each claim statement runs on a connection without sequential scans:
+/// How many times each claim statement (and the idle runtime's next-due read) runs on a
+/// connection without sequential scans:
 /// PostgreSQL plans a prepared statement's first five runs for their parameters, and
 /// plans it once for all at the sixth (the generic plan, kept until the table's
 /// statistics change).
@@ -624,7 +625,9 @@ pub(super) const PLANNED_RUNS: u32 = 6;
 /// each claim statement ran on it: the producer's, and the completer's (its hand-offs
 /// claim, [`sql::HAND_OFF`]). A caller drops it (sets `None`) after an error.
 ///
-/// The first runs of each claim statement on a connection run with sequential scans off,
+/// The first runs of each claim statement (and of `sql::NEXT_DUE`, which also kept a
+/// plan that read the whole table, once per kind and priority, when autovacuum had
+/// vacuumed the table while it was empty) on a connection run with sequential scans off,
 /// so that the plan PostgreSQL keeps for it reads the rows the claim locked through the
 /// primary key. Planned by the table's size, the claim's update (`id = ANY(..)`) read
 /// the whole table whenever the runtime started on an empty one: a table of fewer than

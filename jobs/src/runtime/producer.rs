@@ -977,16 +977,26 @@ async fn next_due(
     window: Duration,
 ) -> Option<(Option<Duration>, bool, Vec<i64>, Vec<String>)> {
     let query = async {
+        use sqlx::Row;
         let held = HeldConn::get(conn, &shared.db).await?;
-        crate::pooler::alone!(
-            &mut *held.conn,
-            crate::pooler::query_as::<_, (Option<f64>, bool, Vec<i64>, Vec<String>)>(sql::NEXT_DUE)
-                .bind(kinds)
-                .bind(window.as_secs_f64())
-                .bind(seen),
-            fetch_one
-        )
-        .await
+        // Its first runs planned as the claims' are (`HeldConn`): a plan made on a table
+        // vacuumed while empty read the whole table for each kind and priority.
+        let rows = held
+            .fetch_planned(
+                sql::NEXT_DUE,
+                crate::pooler::query(sql::NEXT_DUE)
+                    .bind(kinds)
+                    .bind(window.as_secs_f64())
+                    .bind(seen),
+            )
+            .await?;
+        let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
+        Ok::<_, sqlx::Error>((
+            row.try_get::<Option<f64>, _>(0)?,
+            row.try_get::<bool, _>(1)?,
+            row.try_get::<Vec<i64>, _>(2)?,
+            row.try_get::<Vec<String>, _>(3)?,
+        ))
     };
     match super::answer_within(shared.answer_within, "the next due time", query).await {
         Ok((seconds, writers, ended, due_now)) => Some((

@@ -36,7 +36,9 @@ pub(super) async fn run(shared: Arc<Shared>, every: Duration) {
             "the rescue",
             crate::pooler::alone!(
                 &shared.db,
-                crate::pooler::query_as(sql::RESCUE).bind(BATCH),
+                crate::pooler::query_as(sql::RESCUE)
+                    .persistent(false) // planned for each run: see `sql::RESCUE`
+                    .bind(BATCH),
                 fetch_all
             ),
         )
