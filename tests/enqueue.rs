@@ -382,6 +382,29 @@ async fn delayed_enqueue_uses_the_database_clock(pool: PgPool) {
     assert!((secs - 90.0).abs() < 0.01, "{secs}");
 }
 
+/// The kinds of `one_notification_per_kind_per_transaction` alone: a process sends at
+/// most one notification per kind every few milliseconds, and the tests of this file
+/// may share one process.
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(kind = "notify.keyed", key = "id")]
+struct NotifyKeyed {
+    id: i64,
+    note: String,
+}
+
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(kind = "notify.plain")]
+struct NotifyPlain {
+    n: i32,
+}
+
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(kind = "notify.two_keys", key = ["tenant", "item"])]
+struct NotifyTwoKeys {
+    tenant: String,
+    item: Option<u32>,
+}
+
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn one_notification_per_kind_per_transaction(pool: PgPool) {
     let mut listener = PgListener::connect_with(&pool).await.unwrap();
@@ -389,9 +412,9 @@ async fn one_notification_per_kind_per_transaction(pool: PgPool) {
 
     let mut batch = EnqueueBatch::new();
     for n in 0..50 {
-        batch.push(&Plain { n }).unwrap();
+        batch.push(&NotifyPlain { n }).unwrap();
         batch
-            .push(&Keyed {
+            .push(&NotifyKeyed {
                 id: n.into(),
                 note: "".into(),
             })
@@ -400,7 +423,7 @@ async fn one_notification_per_kind_per_transaction(pool: PgPool) {
     // A scheduled job notifies too: an idle runtime then sleeps until it is due.
     batch
         .push_in(
-            &TwoKeys {
+            &NotifyTwoKeys {
                 tenant: "x".into(),
                 item: Some(1),
             },
@@ -414,20 +437,20 @@ async fn one_notification_per_kind_per_transaction(pool: PgPool) {
 
     let mut tx = pool.begin().await.unwrap();
     for n in 0..20 {
-        Plain { n }.enqueue(&mut *tx).await.unwrap();
+        NotifyPlain { n }.enqueue(&mut *tx).await.unwrap();
     }
     tx.commit().await.unwrap();
     // A batch of keyed jobs only (its unkeyed part empty) notifies too, and so does
     // one of unkeyed jobs only.
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let keyed: Vec<Keyed> = (100..110)
-        .map(|id| Keyed {
+    let keyed: Vec<NotifyKeyed> = (100..110)
+        .map(|id| NotifyKeyed {
             id,
             note: "".into(),
         })
         .collect();
     jobs::enqueue_all(&pool, &keyed).await.unwrap();
-    let plain: Vec<Plain> = (100..110).map(|n| Plain { n }).collect();
+    let plain: Vec<NotifyPlain> = (100..110).map(|n| NotifyPlain { n }).collect();
     jobs::enqueue_all(&pool, &plain).await.unwrap();
     // A marker on a channel of its own: everything before it has been delivered.
     sqlx::query("SELECT pg_notify('jobs', 'end')")
@@ -450,12 +473,12 @@ async fn one_notification_per_kind_per_transaction(pool: PgPool) {
     assert_eq!(
         got,
         [
-            "test.keyed",
-            "test.keyed",
-            "test.plain",
-            "test.plain",
-            "test.plain",
-            "test.two_keys"
+            "notify.keyed",
+            "notify.keyed",
+            "notify.plain",
+            "notify.plain",
+            "notify.plain",
+            "notify.two_keys"
         ]
     );
 }
