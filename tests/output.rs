@@ -195,3 +195,41 @@ async fn a_transaction_mode_output_commits_with_the_completion(pool: PgPool) {
         (JobState::Done, Some(serde_json::json!(42)))
     );
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "output.nul", retain = "1h")]
+struct Nul {}
+
+#[jobs::handler]
+async fn nul(_job: Nul, _ctx: JobContext) -> Result<String, JobError> {
+    Ok("before\0after".into())
+}
+
+/// An output jsonb cannot hold (a NUL character) fails its run for good at the handler's
+/// end. Sent on, its cast would fail the completion of the whole batch it rode in, the
+/// other jobs' with it, at every retry.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn an_output_with_a_nul_fails_its_run_and_no_other_completion(pool: PgPool) {
+    let bad = Nul {}.enqueue(&pool).await.unwrap().id;
+    let mut good = Vec::new();
+    for height in [240, 360, 480] {
+        let job = Transcode {
+            height,
+            flaky: false,
+        };
+        good.push(job.enqueue(&pool).await.unwrap().id);
+    }
+    let drained = drain_with(&pool, Drain::new()).await.unwrap();
+    assert_eq!((drained.counts.succeeded, drained.counts.failed), (3, 1));
+    let job = admin::get(&pool, bad).await.unwrap().unwrap();
+    assert_eq!((job.state, job.output), (JobState::Failed, None));
+    assert!(
+        job.last_error.unwrap().contains("NUL character"),
+        "a clear reason"
+    );
+    for id in good {
+        let job = admin::get(&pool, id).await.unwrap().unwrap();
+        assert_eq!(job.state, JobState::Done);
+        assert!(job.output.is_some());
+    }
+}

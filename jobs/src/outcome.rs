@@ -57,6 +57,13 @@ impl OutputSlot {
         if json == "null" {
             return Ok(());
         }
+        // PostgreSQL's jsonb holds no NUL character: sent on, the cast in the completion
+        // would fail its whole batch, other jobs' completions with it, at every retry.
+        if escapes_nul(&json) {
+            return Err(JobError::permanent(
+                "the handler's output holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store",
+            ));
+        }
         if json.len() > MAX_OUTPUT_BYTES {
             return Err(JobError::permanent(format!(
                 "the handler's output is {} bytes of JSON, more than jobs::MAX_OUTPUT_BYTES \
@@ -74,6 +81,32 @@ impl OutputSlot {
         }
         *inner.output.lock().expect("lock poisoned") = Some(json);
         Ok(())
+    }
+}
+
+/// Whether JSON text `json` holds the escape `\u0000` (a backslash that is not itself
+/// escaped, then `u0000`).
+fn escapes_nul(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    json.match_indices("\\u0000").any(|(at, _)| {
+        let backslashes = bytes[..at]
+            .iter()
+            .rev()
+            .take_while(|b| **b == b'\\')
+            .count();
+        backslashes % 2 == 0
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_nul_escape_is_told_from_an_escaped_backslash() {
+        let json = |s: &str| serde_json::to_string(s).unwrap();
+        assert!(super::escapes_nul(&json("a\0b")));
+        assert!(super::escapes_nul(&json("\\\0")));
+        assert!(!super::escapes_nul(&json("\\u0000")));
+        assert!(!super::escapes_nul(&json("plain")));
     }
 }
 
