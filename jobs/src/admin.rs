@@ -968,7 +968,7 @@ pub(crate) async fn prune_batch(
 }
 
 /// A row count from the database, never negative.
-fn count(n: i64) -> u64 {
+pub(crate) fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 

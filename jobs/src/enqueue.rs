@@ -619,6 +619,6 @@ impl<'a> Columns<'a> {
 /// back as its id only (inserted, pending).
 type ManyRow = (i64, Option<String>, Option<String>, bool, Option<String>);
 
-fn protocol(message: String) -> Error {
+pub(crate) fn protocol(message: String) -> Error {
     Error::Database(sqlx::Error::Protocol(message))
 }

@@ -401,7 +401,7 @@ fn kind_view(row: &sqlx::postgres::PgRow) -> Result<KindView, Error> {
             partition: declared.partition,
         },
         alive: serde_json::from_value(alive).map_err(|e| protocol(&e))?,
-        ahead: u64::try_from(row.try_get::<i64, _>("ahead")?).unwrap_or(0),
+        ahead: crate::admin::count(row.try_get("ahead")?),
         now: row.try_get("now")?,
     })
 }
@@ -430,15 +430,13 @@ fn shares(row: &sqlx::postgres::PgRow) -> Result<Shares, Error> {
                 (runtime, h.running)
             })
             .collect(),
-        starts: u64::try_from(row.try_get::<i64, _>("starts")?).unwrap_or(0),
+        starts: crate::admin::count(row.try_get("starts")?),
         room_at: row.try_get("room_at")?,
     })
 }
 
 fn protocol(e: &serde_json::Error) -> Error {
-    Error::Database(sqlx::Error::Protocol(format!(
-        "an explanation's row does not read: {e}"
-    )))
+    crate::enqueue::protocol(format!("an explanation's row does not read: {e}"))
 }
 
 /// The reasons that hold for `job`, given its kind's view and, for a kind with a
