@@ -358,6 +358,7 @@ async fn limited_marks(
         .bind(uuid::Uuid::new_v4())
         .bind(&none_i32)
         .bind(&none_i64)
+        .bind(&none_i32)
         .fetch_all(&mut *tx)
         .await
         .unwrap();
@@ -442,6 +443,7 @@ async fn partitioned_mark(pool: &PgPool) -> (Option<String>, usize) {
         .bind(vec!["tenant"])
         .bind(None::<i32>)
         .bind(None::<i64>)
+        .bind(None::<i32>)
         .fetch_all(&mut *tx)
         .await
         .unwrap();

@@ -1025,6 +1025,7 @@ async fn a_partitioned_claim_of_an_empty_kind_reads_no_other_kinds_backlog(pool:
     .bind(vec!["tenant"])
     .bind(None::<i32>)
     .bind(None::<i64>)
+    .bind(None::<i32>)
     .fetch_one(&mut *tx)
     .await
     .unwrap();
@@ -1446,4 +1447,56 @@ async fn a_claim_that_waited_for_the_kinds_lock_starts_what_it_took(pool: PgPool
     .unwrap();
     assert_eq!(logged, 5, "each job claimed once: none went back unstarted");
     assert_eq!(RATE_LOCK_WAIT_RUNS.load(Ordering::SeqCst), 5);
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.distant", rate = "4/1s")]
+struct Distant {}
+
+static DISTANT: std::sync::Mutex<Vec<std::time::Instant>> = std::sync::Mutex::new(Vec::new());
+
+#[jobs::handler]
+async fn distant(_job: Distant, _ctx: JobContext) -> Result<(), JobError> {
+    DISTANT.lock().unwrap().push(std::time::Instant::now());
+    Ok(())
+}
+
+/// A runtime whose database is 80 ms away (a round trip) runs a kind with a rate: its
+/// claim, a statement and a commit, takes about 160 ms, longer than the 50 ms margin
+/// that a rate of 4 per second gives a runtime of a near database. With that margin
+/// alone it handed back every job it claimed, unstarted, at every claim, and ran none.
+/// A near runtime then joins it, and counts the distant one's starts until their own
+/// margin has passed: no window of a second holds more than 4 starts.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_runtime_of_a_distant_database_starts_the_jobs_of_a_rated_kind(pool: PgPool) {
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..12 {
+        batch.push(&Distant {}).unwrap();
+    }
+    batch.enqueue(&pool).await.unwrap();
+    let (_proxy, far) =
+        common::Proxy::pool_delayed(&pool.connect_options(), Duration::from_millis(40)).await;
+    let far_rt = Running::start(runtime(&far, &["limits.distant"]));
+    wait_until("the distant runtime ran a job", || async {
+        !DISTANT.lock().unwrap().is_empty()
+    })
+    .await;
+    let near = own_pool(&pool).await;
+    let near_rt = Running::start(runtime(&near, &["limits.distant"]));
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.distant").await == 0
+    })
+    .await;
+    near_rt.stop().await;
+    far_rt.stop().await;
+    let mut starts = DISTANT.lock().unwrap().clone();
+    starts.sort();
+    assert_eq!(starts.len(), 12, "each job ran once");
+    for (i, first) in starts.iter().enumerate() {
+        let within = starts[i..]
+            .iter()
+            .take_while(|t| t.duration_since(*first) < Duration::from_secs(1))
+            .count();
+        assert!(within <= 4, "{within} starts within a second of start {i}");
+    }
 }

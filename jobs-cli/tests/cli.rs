@@ -395,7 +395,7 @@ async fn migrate_creates_the_job_table(pool: PgPool) {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
         stdout(&out),
-        "applied migration 1 (create jobs), 2 (end unbounded claims), 3 (attempt history), 4 (paused kinds), 5 (runtimes), 6 (checkpoints), 7 (cancelled), 8 (throughput), 9 (priority), 10 (spaced analyze), 11 (limits), 12 (partitions), 13 (late commits), 14 (trace), 15 (declared limits), 16 (output)\n"
+        "applied migration 1 (create jobs), 2 (end unbounded claims), 3 (attempt history), 4 (paused kinds), 5 (runtimes), 6 (checkpoints), 7 (cancelled), 8 (throughput), 9 (priority), 10 (spaced analyze), 11 (limits), 12 (partitions), 13 (late commits), 14 (trace), 15 (declared limits), 16 (output), 17 (start margins)\n"
     );
     let out = jobs(&url, &["migrate"]).await;
     assert_eq!(

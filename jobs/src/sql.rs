@@ -695,13 +695,24 @@ macro_rules! claims_without_floors {
     };
 }
 
+/// The most a runtime's margin for starting a claim of a kind with a rate may be, in
+/// ms (`global::MAX_START_MARGIN`): the claims read the rate's log this far before
+/// their window, and count the rows whose margin reaches into it.
+macro_rules! max_start_margin_ms {
+    () => {
+        "10000"
+    };
+}
+
 /// Claims jobs of the kinds `$1` that have a limit across runtimes: up to `$2[i]` (the
 /// runtime's free slots for the kind, at most [`CLAIM_MAX_PER_KIND`], which is all the
 /// scans take: asked for more, a kind would be marked `held` below while it took all
 /// it could), with a lease of `$3[i]` ms; no more than the
 /// global concurrency `$4[i]` less the jobs of the kind running now; and no more than
-/// the rate's `$6[i]` starts less those of the last `$7[i]` ms (NULL: no such limit).
-/// `$5` is the claiming runtime's id. Runs after [`LIMIT_LOCK`], in its transaction.
+/// the rate's `$6[i]` starts less those counted in the window of `$7[i]` ms before it
+/// (NULL: no such limit), where the claiming runtime starts what it takes within
+/// `$8[i]` ms of this statement or hands it back. `$5` is the claiming runtime's id.
+/// Runs after [`LIMIT_LOCK`], in its transaction.
 ///
 /// Why that holds: the running jobs are counted, not kept in a counter that every
 /// statement that ends a run would have to keep right (a completion, a failure, a
@@ -715,10 +726,14 @@ macro_rules! claims_without_floors {
 ///
 /// The rate is a sliding window: `jobs_starts` holds a row per claim of the kind (how
 /// many it took, at this statement's `statement_timestamp()`, which is after the lock
-/// was granted, so the rows of one kind are in the order of its claims); the claim sums
-/// those of the window before it, adds its own, and deletes those older than the
-/// window. No window of that length then holds more starts than the rate, counted at
-/// the claims (a handler starts a moment after its claim).
+/// was granted, so the rows of one kind are in the order of its claims, and the margin
+/// within which its runtime starts them, `margin_ms`); the claim sums the rows whose
+/// latest start (`at + margin_ms`) falls in the window before it, adds its own, and
+/// deletes those whose latest start left the window. Two starts of claims at `a <= b`
+/// fall in one window of the rate's length only if `a + margin_a` is within it of `b`,
+/// so no such window holds more handler starts than the rate, each runtime with the
+/// margin its own round trips need (`global::start_margin`). The rows are read from
+/// the window less the largest margin allowed (`max_start_margin_ms!`).
 ///
 /// The lease runs from `statement_timestamp()`: `now()` is the transaction's start,
 /// before the wait for the lock. The transaction is READ COMMITTED whatever the role's
@@ -750,36 +765,45 @@ pub(crate) const CLAIM_LIMITED: &str = concat!(
     r#"
 WITH wanted AS MATERIALIZED (
     SELECT w.kind, w.lease_ms, w.ord, w.n AS asked, '{}'::float8[] AS floors,
-           NULL::float8 AS since, w.rate_ms,
+           NULL::float8 AS since, w.rate_ms, w.margin_ms,
            w.lim - r.running AS shares, w.rate_n - s.started AS starts, s.oldest,
            greatest(least(w.n, w.lim - r.running, w.rate_n - s.started), 0)::int AS n
-    FROM unnest($1::text[], $2::int[], $3::bigint[], $4::int[], $6::int[], $7::bigint[])
-        WITH ORDINALITY AS w(kind, n, lease_ms, lim, rate_n, rate_ms, ord)
+    FROM unnest($1::text[], $2::int[], $3::bigint[], $4::int[], $6::int[], $7::bigint[],
+                $8::int[])
+        WITH ORDINALITY AS w(kind, n, lease_ms, lim, rate_n, rate_ms, margin_ms, ord)
     CROSS JOIN LATERAL (
         SELECT count(*) AS running FROM jobs r
         WHERE r.state = 'running' AND r.kind = w.kind AND w.lim IS NOT NULL
     ) r
     CROSS JOIN LATERAL (
-        SELECT coalesce(sum(s.n), 0) AS started, min(s.at) AS oldest FROM jobs_starts s
+        SELECT coalesce(sum(s.n), 0) AS started,
+               min(s.at + s.margin_ms * interval '1 millisecond') AS oldest
+        FROM jobs_starts s
         WHERE w.rate_ms IS NOT NULL AND s.kind = w.kind
-          AND s.at > statement_timestamp() - w.rate_ms * interval '1 millisecond'
+          AND s.at > statement_timestamp() - (w.rate_ms + "#,
+    max_start_margin_ms!(),
+    r#") * interval '1 millisecond'
+          AND s.at + s.margin_ms * interval '1 millisecond'
+              > statement_timestamp() - w.rate_ms * interval '1 millisecond'
     ) s
 ),
 "#,
     claims_without_floors!("$5", "$3[array_position($1::text[], j.kind)]"),
     r#",
 logged AS (
-    INSERT INTO jobs_starts (kind, at, n)
-    SELECT w.kind, statement_timestamp(), count(*)
+    INSERT INTO jobs_starts (kind, at, n, margin_ms)
+    SELECT w.kind, statement_timestamp(), count(*), w.margin_ms
     FROM picked p JOIN wanted w ON w.ord = p.ord
     WHERE w.rate_ms IS NOT NULL
-    GROUP BY w.kind
+    GROUP BY w.kind, w.margin_ms
 ),
 expired AS (
     DELETE FROM jobs_starts s
     USING wanted w
     WHERE w.rate_ms IS NOT NULL AND s.kind = w.kind
       AND s.at <= statement_timestamp() - w.rate_ms * interval '1 millisecond'
+      AND s.at + s.margin_ms * interval '1 millisecond'
+          <= statement_timestamp() - w.rate_ms * interval '1 millisecond'
 ),
 held AS MATERIALIZED (
     SELECT w.ord
@@ -892,8 +916,9 @@ macro_rules! partition_rank {
 /// [`CLAIM_LIMITED`] for a kind `$1` whose limits hold per partition (`partition =
 /// "tenant"`: per distinct value of the payload's fields `$6`): at most `$4` running
 /// (`i32::MAX` for none), and, with a rate (`$7` starts per `$8` ms, both NULL for
-/// none), at most `$7` starts in any window of `$8` ms; up to `$2` jobs with a lease of
-/// `$3` ms, for runtime `$5`. Runs after [`LIMIT_LOCK`], in its transaction, with the
+/// none), at most `$7` starts in any window of `$8` ms, each claim's counted until its
+/// margin (`$9` ms for this one) has passed as [`CLAIM_LIMITED`] counts them; up to `$2`
+/// jobs with a lease of `$3` ms, for runtime `$5`. Runs after [`LIMIT_LOCK`], in its transaction, with the
 /// same reasoning: the running rows and the window's starts are counted per partition
 /// in a snapshot taken after the lock.
 ///
@@ -969,10 +994,14 @@ running AS MATERIALIZED (
     GROUP BY 1
 ),
 started AS MATERIALIZED (
-    SELECT s.part, sum(s.n) AS c, min(s.at) AS oldest
+    SELECT s.part, sum(s.n) AS c, min(s.at + s.margin_ms * interval '1 millisecond') AS oldest
     FROM jobs_starts s
     WHERE $8::bigint IS NOT NULL AND s.kind = $1 AND s.part IS NOT NULL
-      AND s.at > statement_timestamp() - $8 * interval '1 millisecond'
+      AND s.at > statement_timestamp() - ($8 + "#,
+    max_start_margin_ms!(),
+    r#") * interval '1 millisecond'
+      AND s.at + s.margin_ms * interval '1 millisecond'
+          > statement_timestamp() - $8 * interval '1 millisecond'
     GROUP BY 1
 ),
 walk AS MATERIALIZED ("#,
@@ -1029,8 +1058,8 @@ picked AS MATERIALIZED (
     claimed!("$5", "statement_timestamp()", partitioned),
     r#",
 logged AS (
-    INSERT INTO jobs_starts (kind, at, n, part)
-    SELECT $1, statement_timestamp(), count(*), p.part
+    INSERT INTO jobs_starts (kind, at, n, part, margin_ms)
+    SELECT $1, statement_timestamp(), count(*), p.part, $9::int
     FROM picked p
     WHERE $8::bigint IS NOT NULL
     GROUP BY p.part
@@ -1039,6 +1068,8 @@ expired AS (
     DELETE FROM jobs_starts s
     WHERE $8::bigint IS NOT NULL AND s.kind = $1
       AND s.at <= statement_timestamp() - $8 * interval '1 millisecond'
+      AND s.at + s.margin_ms * interval '1 millisecond'
+          <= statement_timestamp() - $8 * interval '1 millisecond'
 )
 SELECT c.id, c.kind, c.attempts, c.max_attempts, c.claimed_by, c.payload, c.waited,
        c.run_after, c.priority, c.trace, NULL AS mark, NULL::float8 AS wait

@@ -259,6 +259,7 @@ pub async fn perform<J: Job>(pool: &PgPool, job: &J) -> Result<(), JobError> {
         payload,
         trace,
         claimed_at: std::time::Instant::now(),
+        start_within: None,
         db_claimed_us: Some(now_us),
     };
     crate::runtime::executor::perform_inline(pool, handler, claimed).await

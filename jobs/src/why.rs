@@ -45,7 +45,8 @@ LEFT JOIN jobs_limits l ON l.kind = $1
 /// The shares of kind `$1`'s limits that hold up its job `$2`: the runtimes that hold
 /// its running jobs (of the job's partition, by the payload fields `$3`, when it has
 /// them), and the starts in the rate's window of `$4` ms (NULL without a rate), with
-/// when its oldest leaves it. Indexes: the primary key for the job; `jobs_running` for
+/// when its oldest leaves it, counted as the claims count them (each start until its
+/// claim's margin has passed; the margin is at most 10 s). Indexes: the primary key for the job; `jobs_running` for
 /// the kind's running rows; `jobs_starts_kind_at` for the window.
 pub(crate) const WHY_SHARES: &str = r#"
 WITH me AS (
@@ -66,10 +67,12 @@ holders AS (
     GROUP BY r.runtime_id
 ),
 starts AS (
-    SELECT sum(s.n) AS n, min(s.at) AS oldest
+    SELECT sum(s.n) AS n, min(s.at + s.margin_ms * interval '1 millisecond') AS oldest
     FROM jobs_starts s
     WHERE $4::bigint IS NOT NULL AND s.kind = $1
-      AND s.at > statement_timestamp() - $4 * interval '1 millisecond'
+      AND s.at > statement_timestamp() - ($4 + 10000) * interval '1 millisecond'
+      AND s.at + s.margin_ms * interval '1 millisecond'
+          > statement_timestamp() - $4 * interval '1 millisecond'
       AND CASE WHEN $3::text[] IS NULL THEN s.part IS NULL ELSE s.part = (SELECT part FROM me) END
 )
 SELECT (SELECT part FROM me) AS part,

@@ -182,7 +182,8 @@ pub async fn prepare_generic(
 
 /// A TCP proxy to PostgreSQL that the test can cut (dropping every connection and
 /// refusing new ones), silence (dropping every connection, and holding each new one
-/// open without a word, for good) and restore.
+/// open without a word, for good) and restore; started with a delay, it passes every
+/// byte on that much later each way, as a distant database's network would.
 pub struct Proxy {
     pub port: u16,
     up: Arc<tokio::sync::watch::Sender<bool>>,
@@ -191,6 +192,10 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(target: (String, u16)) -> Proxy {
+        Proxy::delayed(target, Duration::ZERO).await
+    }
+
+    pub async fn delayed(target: (String, u16), delay: Duration) -> Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (up, _) = tokio::sync::watch::channel(true);
@@ -218,14 +223,43 @@ impl Proxy {
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;
                     };
+                    if delay.is_zero() {
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = down.wait_for(|up| !*up) => {}
+                        }
+                        return;
+                    }
+                    let (from_client, to_client) = inbound.into_split();
+                    let (from_server, to_server) = outbound.into_split();
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = async {
+                            tokio::join!(
+                                relay(from_client, to_server, delay),
+                                relay(from_server, to_client, delay)
+                            )
+                        } => {}
                         _ = down.wait_for(|up| !*up) => {}
                     }
                 });
             }
         });
         Proxy { port, up, silent }
+    }
+
+    /// A proxy to the database of `opts` whose network takes `delay` each way, and a
+    /// pool of five connections through it.
+    pub async fn pool_delayed(
+        opts: &sqlx::postgres::PgConnectOptions,
+        delay: Duration,
+    ) -> (Proxy, PgPool) {
+        let proxy = Proxy::delayed((opts.get_host().to_owned(), opts.get_port()), delay).await;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(5)
+            .connect_with(opts.clone().host("127.0.0.1").port(proxy.port))
+            .await
+            .unwrap();
+        (proxy, pool)
     }
 
     /// A proxy to the database of `opts`, and a pool of five connections through it
@@ -254,6 +288,35 @@ impl Proxy {
         self.silent.store(false, Ordering::SeqCst);
         self.up.send_replace(true);
     }
+}
+
+/// Passes what `from` reads on to `to`, each chunk `delay` after it arrived, in order.
+async fn relay(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (chunks, mut due) = tokio::sync::mpsc::unbounded_channel();
+    let read = async move {
+        let mut buf = vec![0; 16 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buf).await {
+            let at = tokio::time::Instant::now() + delay;
+            if chunks.send((at, buf[..n].to_vec())).is_err() {
+                break;
+            }
+        }
+    };
+    let write = async move {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(read, write);
 }
 
 /// The SQL blocks of the README's "Privileges" section, in order: the runtime's grants

@@ -32,6 +32,9 @@ pub(super) struct ClaimRow {
     /// When the statement that claimed it was sent ([`ClaimRow::sent_at`]; until
     /// then, when it was read): its lease runs from a moment after it.
     pub(super) sent: Instant,
+    /// For a kind with a rate, how long after `sent` it may start at the latest
+    /// (`global::start_margin`): later, it goes back unstarted.
+    pub(super) start_within: Option<std::time::Duration>,
 }
 
 /// Where a claim's columns are in its rows, found once per claim: looked up by name in
@@ -110,6 +113,7 @@ impl ClaimRow {
                 .transpose()?
                 .flatten(),
             sent: Instant::now(),
+            start_within: None,
         })
     }
 
@@ -472,6 +476,7 @@ pub(super) fn start(shared: &Arc<Shared>, row: ClaimRow, executors: &mut JoinSet
         payload: row.payload,
         trace: row.trace,
         claimed_at: row.sent,
+        start_within: row.start_within,
         db_claimed_us,
     };
     // Boxed: the executor's future is about 1.8 KB, and a task's future is moved and
@@ -503,6 +508,7 @@ mod tests {
             priority,
             trace: None,
             held_back: None,
+            start_within: None,
             sent: std::time::Instant::now(),
         }
     }

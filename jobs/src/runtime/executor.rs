@@ -32,6 +32,9 @@ pub(crate) struct Claimed {
     pub trace: Option<String>,
     /// When the claim's statement was sent: its lease runs from a moment after it.
     pub claimed_at: Instant,
+    /// For a kind with a rate, how long after `claimed_at` it may start at the latest
+    /// (`global::start_margin`, logged with the claim's starts).
+    pub start_within: Option<Duration>,
     /// The database's clock at the claim, in microseconds since the epoch (for the next
     /// fire time of a cron kind).
     pub db_claimed_us: Option<i64>,
@@ -162,7 +165,7 @@ async fn run(shared: Arc<Shared>, handler: &'static HandlerInfo, mut job: Claime
     // meanwhile it never starts.
     let slot = slot(&shared, handler.kind, &inner)
         .await
-        .and_then(|slot| in_time(&shared, handler.kind, &job).map(|()| slot));
+        .and_then(|slot| in_time(&job).map(|()| slot));
     let _slot = match slot {
         Ok(slot) => slot,
         Err(outcome) => {
@@ -292,20 +295,15 @@ async fn slot(shared: &Shared, kind: &str, job: &Inner) -> Result<Slot, Outcome>
     }
 }
 
-/// Whether a claim of `kind` may start now: one of a kind with a rate only within its
-/// margin of the claim ([`super::global::start_margin`]); a later one goes back
-/// unstarted, its attempt not spent, so that the rate holds at the handlers' starts.
-fn in_time(shared: &Shared, kind: &str, job: &Claimed) -> Result<(), Outcome> {
-    let rate = shared
-        .limits
-        .read()
-        .expect("lock poisoned")
-        .get(kind)
-        .and_then(|l| l.rate);
-    match rate {
-        Some(rate) if job.claimed_at.elapsed() >= super::global::start_margin(rate) => {
+/// Whether a claim may start now: one of a kind with a rate only within the margin its
+/// claim logged ([`super::global::start_margin`]); a later one goes back unstarted, its
+/// attempt not spent, so that the rate holds at the handlers' starts.
+fn in_time(job: &Claimed) -> Result<(), Outcome> {
+    match job.start_within {
+        Some(margin) if job.claimed_at.elapsed() >= margin => {
             tracing::debug!(
                 job.id = job.id,
+                margin_ms = margin.as_millis() as u64,
                 "not started within the rate's margin of its claim: handed back"
             );
             Err(Outcome::Stopped)

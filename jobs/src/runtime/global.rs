@@ -21,6 +21,7 @@
 //! out of due jobs, or runs above a lowered limit, or is paused) goes the way above.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,24 +45,57 @@ pub(super) struct Limit {
     pub(super) partition: Option<&'static [&'static str]>,
 }
 
-/// How late after its claim a job of a kind with `rate` may start: a hundredth of the
-/// window, from 50 ms to 1 s. The margin costs the rate its share of the window: four
-/// runtime processes at 1,000/s ran 945 starts/s (997 counted at the claims before).
-/// With 20 ms they ran 873 and 912: on a busy machine more starts came later than
-/// that, and went back. The claims count the starts of a window this much
-/// longer than the rate's ([`counted_window`]), and an executor hands back, unstarted,
-/// a claim of such a kind that it could not start within this of the claim's
-/// statement (`executor::run`). So the starts of any window of the rate's own length
-/// come from claims of one counted window: no window of the stated length holds more
-/// handler starts than the rate, however late each handler began.
-pub(super) fn start_margin(rate: Rate) -> Duration {
-    (rate.per / 100).clamp(Duration::from_millis(50), Duration::from_secs(1))
+/// How late after its claim's statement a job of a kind with `rate` may start: a
+/// hundredth of the window, from 50 ms to 1 s, plus twice `trip`, the runtime's recent
+/// claim round trip ([`Trip`]), at most [`MAX_START_MARGIN`]. An executor hands back,
+/// unstarted, a claim of such a kind that it could not start within this of the
+/// claim's statement (`executor::run`), and the claim logs it with its starts
+/// (`jobs_starts.margin_ms`): the claims count every start whose claim, plus its
+/// margin, falls in the window before them ([`sql::CLAIM_LIMITED`]), so no window of
+/// the rate's length holds more handler starts than the rate, however late within its
+/// margin each handler began.
+///
+/// The hundredth costs the rate its share of the window: four runtime processes at
+/// 1,000/s ran 945 starts/s (997 counted at the claims before). With 20 ms they ran 873
+/// and 912: on a busy machine more starts came later than that, and went back. The
+/// round trip is for a distant database: with the hundredth alone, a runtime whose
+/// claim (its statement and its commit) took longer than 50 ms handed back every job of
+/// a rated kind, at every claim, and never ran one.
+pub(super) fn start_margin(rate: Rate, trip: Duration) -> Duration {
+    ((rate.per / 100).clamp(Duration::from_millis(50), Duration::from_secs(1)) + trip * 2)
+        .min(MAX_START_MARGIN)
 }
 
-/// The window the claims count a rate's starts over, in ms: the rate's, and
-/// [`start_margin`].
-fn counted_window(rate: Rate) -> i64 {
-    millis(rate.per + start_margin(rate)).max(1)
+/// The most a start margin may be: the claims read the rate's log this much before
+/// their window (`max_start_margin_ms!` in `sql.rs`). A runtime whose claims take half
+/// of it hands its jobs back.
+pub(super) const MAX_START_MARGIN: Duration = Duration::from_secs(10);
+
+/// [`start_margin`] in ms, for the rate's log.
+fn margin_ms(rate: Rate, trip: Duration) -> i32 {
+    i32::try_from(millis(start_margin(rate, trip))).unwrap_or(i32::MAX)
+}
+
+/// The runtime's recent round trip of a claim of kinds with a limit: from its
+/// statement's send to its commit's answer. The longest one seen, less an eighth at
+/// each claim after it, so that a slow moment widens the margins at once and they
+/// narrow again over a few dozen claims.
+#[derive(Default)]
+pub(crate) struct Trip(AtomicU64);
+
+impl Trip {
+    /// The current round trip.
+    pub(super) fn get(&self) -> Duration {
+        Duration::from_micros(self.0.load(Ordering::Relaxed))
+    }
+
+    /// A claim took `took`.
+    fn record(&self, took: Duration) {
+        let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        // One claim at a time records (the producer's), so a load and a store do.
+        let was = self.0.load(Ordering::Relaxed);
+        self.0.store(took.max(was - was / 8), Ordering::Relaxed);
+    }
 }
 
 /// The kinds with a limit, and each one's: the operator's values where set, else the
@@ -180,10 +214,11 @@ pub(super) async fn claim(
     // of a kind with a rate of a window up to 5 s, unstarted: two runtimes contending
     // for a kind claimed and handed back in turn.
     let sent = std::time::Instant::now();
+    let trip = shared.claim_trip.get();
     let mut rows = if whole.is_empty() {
         Vec::new()
     } else {
-        claim_whole(&mut tx, shared, &whole).await?
+        claim_whole(&mut tx, shared, &whole, trip).await?
     };
     for (h, free, limit) in split {
         let fields: Vec<&str> = limit.partition.unwrap_or_default().to_vec();
@@ -202,12 +237,14 @@ pub(super) async fn claim(
                     .rate
                     .map(|r| i32::try_from(r.starts).unwrap_or(i32::MAX)),
             )
-            .bind(limit.rate.map(counted_window))
+            .bind(limit.rate.map(|r| millis(r.per).max(1)))
+            .bind(limit.rate.map(|r| margin_ms(r, trip)))
             .fetch_all(&mut *tx)
             .await?;
         rows.extend(taken);
     }
     tx.commit().await?;
+    shared.claim_trip.record(sent.elapsed());
     let mut taken = Taken {
         rows: Vec::with_capacity(rows.len()),
         cut: Vec::new(),
@@ -225,6 +262,13 @@ pub(super) async fn claim(
         }
     }
     ClaimRow::sent_at(&mut taken.rows, sent);
+    for row in &mut taken.rows {
+        let rate = asks
+            .iter()
+            .find(|(h, ..)| h.kind == row.kind)
+            .and_then(|a| a.2.rate);
+        row.start_within = rate.map(|r| start_margin(r, trip));
+    }
     Ok(taken)
 }
 
@@ -233,6 +277,7 @@ async fn claim_whole(
     tx: &mut sqlx::PgConnection,
     shared: &Shared,
     asks: &[(&'static HandlerInfo, usize, Limit)],
+    trip: Duration,
 ) -> Result<Vec<LimitedRow>, sqlx::Error> {
     let kinds: Vec<&str> = asks.iter().map(|(h, _, _)| h.kind).collect();
     let frees: Vec<i32> = asks
@@ -253,7 +298,11 @@ async fn claim_whole(
         .collect();
     let rate_ms: Vec<Option<i64>> = asks
         .iter()
-        .map(|(_, _, l)| l.rate.map(counted_window))
+        .map(|(_, _, l)| l.rate.map(|r| millis(r.per).max(1)))
+        .collect();
+    let margins: Vec<Option<i32>> = asks
+        .iter()
+        .map(|(_, _, l)| l.rate.map(|r| margin_ms(r, trip)))
         .collect();
     crate::pooler::query_as(sql::CLAIM_LIMITED)
         .bind(&kinds)
@@ -263,6 +312,7 @@ async fn claim_whole(
         .bind(shared.runtime_id)
         .bind(&rate_starts)
         .bind(&rate_ms)
+        .bind(&margins)
         .fetch_all(&mut *tx)
         .await
 }
@@ -374,5 +424,51 @@ pub(super) async fn announce(shared: Arc<Shared>) {
         if let Err(e) = sent {
             tracing::debug!(error = %crate::error::server_message(&e), "cannot notify the other runtimes of a free share; they poll");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_START_MARGIN, Trip, start_margin};
+    use crate::Rate;
+    use std::time::Duration;
+
+    /// Every statement that reads the rate's log reads as far back as the largest
+    /// margin a runtime may log.
+    #[test]
+    fn the_largest_margin_is_one_figure() {
+        let bound = format!("+ {}) * interval", MAX_START_MARGIN.as_millis());
+        for (name, sql) in [
+            ("CLAIM_LIMITED", crate::sql::CLAIM_LIMITED),
+            ("CLAIM_PARTITIONED", crate::sql::CLAIM_PARTITIONED),
+            ("WHY_SHARES", crate::why::WHY_SHARES),
+        ] {
+            assert!(sql.contains(&bound), "{name} reads back otherwise");
+        }
+    }
+
+    #[test]
+    fn the_margin_grows_with_the_round_trip_up_to_its_bound() {
+        let ms = Duration::from_millis;
+        let rate = |per| Rate { starts: 10, per };
+        assert_eq!(start_margin(rate(ms(500)), ms(0)), ms(50));
+        assert_eq!(start_margin(rate(ms(10_000)), ms(0)), ms(100));
+        assert_eq!(start_margin(rate(ms(500)), ms(80)), ms(210));
+        assert_eq!(start_margin(rate(ms(500)), ms(60_000)), MAX_START_MARGIN);
+    }
+
+    #[test]
+    fn a_slow_claim_widens_the_trip_at_once_and_it_narrows_by_eighths() {
+        let trip = Trip::default();
+        trip.record(Duration::from_millis(2));
+        assert_eq!(trip.get(), Duration::from_millis(2));
+        trip.record(Duration::from_millis(160));
+        assert_eq!(trip.get(), Duration::from_millis(160));
+        trip.record(Duration::from_millis(1));
+        assert_eq!(trip.get(), Duration::from_millis(140));
+        for _ in 0..60 {
+            trip.record(Duration::from_millis(1));
+        }
+        assert!(trip.get() < Duration::from_millis(2), "{:?}", trip.get());
     }
 }

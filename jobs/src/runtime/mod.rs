@@ -385,6 +385,7 @@ impl Runtime {
             stopping: stop_rx.clone(),
             slot_freed: Notify::new(),
             freed: Arc::new(global::Freed::new(wake.clone())),
+            claim_trip: global::Trip::default(),
             wake,
             reconnected: Notify::new(),
             paused_changed: std::sync::atomic::AtomicBool::new(false),
@@ -934,6 +935,9 @@ pub(crate) struct Shared {
     failures: Option<FailureLog>,
     /// The kinds with a limit of which a job has stopped running, to announce.
     freed: Arc<global::Freed>,
+    /// The recent round trip of this runtime's claims of kinds with a limit, which
+    /// widens the margin within which it starts those of a kind with a rate.
+    claim_trip: global::Trip,
     /// How the runs ended.
     counts: observe::Counts,
     /// The same, per kind and minute, until the completer writes them.
