@@ -96,12 +96,36 @@ async fn silent(_job: Silent, ctx: JobContext) -> Result<(), JobError> {
     six_seconds(ctx).await
 }
 
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "lease.mid_renewal", lease = "2s", global_concurrency = 2)]
+struct MidRenewal {
+    n: u32,
+}
+
+#[jobs::handler]
+async fn mid_renewal(_job: MidRenewal, ctx: JobContext) -> Result<(), JobError> {
+    six_seconds(ctx).await
+}
+
+/// How runtime A is cut off from the database.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// The proxy drops every connection and refuses new ones.
+    Cut,
+    /// The proxy drops every connection and holds each new one open without a word.
+    Silence,
+    /// The proxy drops every connection, and refuses new ones, while a renewal is
+    /// mid-statement: the server carries it out, and extends the leases, for a runtime
+    /// that never hears of it.
+    CutMidRenewal,
+}
+
 /// Runtime A runs both jobs through a proxy; then `fault` cuts it off. Runtime B, on a
 /// direct connection, takes both jobs over once their leases end and runs them to
 /// their end. Never more than the limit of handlers live, never one job's twice.
 async fn taken_over_after<J: Job>(
     jobs: [J; 2],
-    fault: fn(&Proxy),
+    fault: Fault,
     opts: sqlx::postgres::PgConnectOptions,
 ) {
     let kind = J::KIND;
@@ -123,7 +147,64 @@ async fn taken_over_after<J: Job>(
     .await;
     // A renewal or two go through first.
     tokio::time::sleep(Duration::from_millis(900)).await;
-    fault(&proxy);
+    match fault {
+        Fault::Cut => proxy.cut(),
+        Fault::Silence => proxy.silence(),
+        Fault::CutMidRenewal => {
+            // A's next renewal waits, mid-statement, for a lock the test holds (a
+            // trigger on the renewal of these jobs' rows takes it); the proxy drops
+            // A's connections, and the lock is let go: the server carries the renewal
+            // out and commits it, for a runtime that never hears of it.
+            let mut holder = pool.acquire().await.unwrap();
+            sqlx::query("SELECT pg_advisory_lock(4242)")
+                .execute(&mut *holder)
+                .await
+                .unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "CREATE FUNCTION hold_renewal() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                     IF NEW.kind = '{kind}' AND NEW.claimed_until > OLD.claimed_until THEN
+                         PERFORM pg_advisory_xact_lock_shared(4242);
+                     END IF;
+                     RETURN NEW;
+                 END $$;
+                 CREATE TRIGGER hold_renewal BEFORE UPDATE ON jobs
+                     FOR EACH ROW EXECUTE FUNCTION hold_renewal();"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+            let leases = || async {
+                sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+                    "SELECT max(claimed_until) FROM jobs WHERE kind = $1",
+                )
+                .bind(kind)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+            };
+            let before = leases().await;
+            wait_until("a renewal waits mid-statement", || async {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                    > 0
+            })
+            .await;
+            proxy.cut();
+            sqlx::query("SELECT pg_advisory_unlock(4242)")
+                .execute(&mut *holder)
+                .await
+                .unwrap();
+            wait_until("the renewal A never hears of is carried out", || async {
+                leases().await > before
+            })
+            .await;
+        }
+    }
     let b = Running::start(runtime(&pool));
     wait_until("runtime B runs both jobs to their end", || async {
         common::count_kind(&pool, kind).await == 0
@@ -152,7 +233,7 @@ async fn a_runtime_cut_off_tells_its_handlers_before_the_jobs_are_taken_over(
     _pool_opts: sqlx::postgres::PgPoolOptions,
     opts: sqlx::postgres::PgConnectOptions,
 ) {
-    taken_over_after([Cut { n: 0 }, Cut { n: 1 }], Proxy::cut, opts).await;
+    taken_over_after([Cut { n: 0 }, Cut { n: 1 }], Fault::Cut, opts).await;
 }
 
 /// The proxy drops every connection and holds each new one open without a word: A's
@@ -162,7 +243,23 @@ async fn a_runtime_whose_database_goes_silent_tells_its_handlers_in_time(
     _pool_opts: sqlx::postgres::PgPoolOptions,
     opts: sqlx::postgres::PgConnectOptions,
 ) {
-    taken_over_after([Silent { n: 0 }, Silent { n: 1 }], Proxy::silence, opts).await;
+    taken_over_after([Silent { n: 0 }, Silent { n: 1 }], Fault::Silence, opts).await;
+}
+
+/// The worst moment to be cut off: mid-renewal, with the renewal carried out. The
+/// leases the database holds then end later than A's last renewal it heard answered;
+/// A tells its handlers by that one, so still before B can take the jobs.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_runtime_cut_off_mid_renewal_tells_its_handlers_before_the_jobs_are_taken_over(
+    _pool_opts: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    taken_over_after(
+        [MidRenewal { n: 0 }, MidRenewal { n: 1 }],
+        Fault::CutMidRenewal,
+        opts,
+    )
+    .await;
 }
 
 #[derive(Job, Serialize, Deserialize)]

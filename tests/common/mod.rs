@@ -223,13 +223,6 @@ impl Proxy {
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;
                     };
-                    if delay.is_zero() {
-                        tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                            _ = down.wait_for(|up| !*up) => {}
-                        }
-                        return;
-                    }
                     let (from_client, to_client) = inbound.into_split();
                     let (from_server, to_server) = outbound.into_split();
                     tokio::select! {
