@@ -289,8 +289,13 @@ async fn frozen(_job: Frozen, ctx: JobContext) -> Result<(), JobError> {
 /// database's URL.
 const CHILD_ENV: &str = "JOBS_LEASE_CHILD_URL";
 
+/// The environment variable that names the kind [`frozen_child`] runs, when not
+/// `lease.frozen`.
+const CHILD_KIND_ENV: &str = "JOBS_LEASE_CHILD_KIND";
+
 /// Not a test on its own: the runtime process that
-/// `a_runtime_frozen_for_two_leases_drops_its_handlers_when_it_resumes` freezes.
+/// `a_runtime_frozen_for_two_leases_drops_its_handlers_when_it_resumes` freezes, and
+/// whose wall clock `a_jump_of_the_runtimes_wall_clock_changes_nothing` moves.
 #[tokio::test]
 async fn frozen_child() {
     let Ok(url) = std::env::var(CHILD_ENV) else {
@@ -301,8 +306,12 @@ async fn frozen_child() {
         .connect(&url)
         .await
         .expect("the child's database");
+    let kind = match std::env::var(CHILD_KIND_ENV).as_deref() {
+        Ok("lease.jump") => "lease.jump",
+        _ => "lease.frozen",
+    };
     Runtime::new(pool)
-        .kinds(["lease.frozen"])
+        .kinds([kind])
         .poll_interval(Duration::from_millis(100))
         .run()
         .await
@@ -384,4 +393,142 @@ async fn a_runtime_frozen_for_two_leases_drops_its_handlers_when_it_resumes(pool
         overlaps.is_empty(),
         "runs of one job overlapped: {overlaps:?}"
     );
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "lease.jump", lease = "2s")]
+struct Jump {
+    n: u32,
+}
+
+/// Writes, every 50 ms for six seconds, that this run of the job is alive, with the
+/// database's clock and the runtime process's wall clock.
+#[jobs::handler]
+async fn jump(_job: Jump, ctx: JobContext) -> Result<(), JobError> {
+    for _ in 0..120 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        sqlx::query(
+            "INSERT INTO lease_jump (job_id, token, at, wall) \
+             VALUES ($1, $2, clock_timestamp(), $3)",
+        )
+        .bind(ctx.id())
+        .bind(ctx.claim_token())
+        .bind(wall)
+        .execute(ctx.pool())
+        .await?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Debian's libfaketime, which moves a process's wall clock (and, told so, not its
+/// monotonic one). `None` when it is missing and the test is to be skipped, saying so;
+/// under `JOBS_REQUIRE_ALL_TESTS` (which `.ci/run` sets, installing it) a missing
+/// library fails the test instead.
+fn faketime() -> Option<&'static str> {
+    const LIBRARY: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    if std::path::Path::new(LIBRARY).exists() {
+        return Some(LIBRARY);
+    }
+    let why = format!(
+        "libfaketime is missing ({LIBRARY}): the clock-jump test needs it \
+         (`apt-get install libfaketime`; .ci/run installs it)"
+    );
+    if std::env::var("JOBS_REQUIRE_ALL_TESTS").is_ok_and(|v| !v.is_empty() && v != "0") {
+        panic!("{why} (JOBS_REQUIRE_ALL_TESTS is set: nothing may be skipped)");
+    }
+    println!("skipped: {why}");
+    None
+}
+
+/// The wall clock of a runtime process jumps an hour ahead while it runs two jobs of a
+/// 2 s lease, then two hours back, while another runtime stands by to take over any
+/// lease that lapses: nothing the runtime does depends on the wall clock (its deadlines
+/// are measured on the monotonic clock, its leases on the database's), so each job
+/// runs once, to its end, and no lease is lost.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_jump_of_the_runtimes_wall_clock_changes_nothing(pool: PgPool) {
+    let Some(library) = faketime() else {
+        return;
+    };
+    sqlx::query("CREATE TABLE lease_jump (job_id bigint, token uuid, at timestamptz, wall float8)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for n in 0..2 {
+        Jump { n }.enqueue(&pool).await.unwrap();
+    }
+    let offset = std::env::temp_dir().join(format!("jobs-clock-jump-{}", std::process::id()));
+    std::fs::write(&offset, "+0\n").unwrap();
+    let url = common::url_of(&pool).await;
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "frozen_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, &url)
+        .env(CHILD_KIND_ENV, "lease.jump")
+        .env("LD_PRELOAD", library)
+        .env("FAKETIME_TIMESTAMP_FILE", &offset)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // How far the child's wall clock is from the database's, as its last write says.
+    let skew = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, Option<f64>>(
+            "SELECT wall - extract(epoch FROM at)::float8 FROM lease_jump \
+             ORDER BY at DESC LIMIT 1",
+        )
+        .fetch_one(&pool)
+        .await
+        .ok()
+        .flatten()
+    };
+    let runs = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(DISTINCT token) FROM lease_jump")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    wait_until("the child runs both jobs", || {
+        runs(pool.clone()).map(|n| n == 2)
+    })
+    .await;
+    let b = Running::start(
+        Runtime::new(pool.clone())
+            .kinds(["lease.jump"])
+            .poll_interval(Duration::from_millis(100)),
+    );
+    std::fs::write(&offset, "+1h\n").unwrap();
+    wait_until("the child's wall clock is an hour ahead", || {
+        skew(pool.clone()).map(|s| s.is_some_and(|s| s > 3000.0))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    std::fs::write(&offset, "-1h\n").unwrap();
+    wait_until("the child's wall clock is an hour behind", || {
+        skew(pool.clone()).map(|s| s.is_some_and(|s| s < -3000.0))
+    })
+    .await;
+    wait_until("both jobs end", || async {
+        common::count_kind(&pool, "lease.jump").await == 0
+    })
+    .await;
+    b.stop().await;
+    child.kill().await.unwrap();
+    let _ = std::fs::remove_file(&offset);
+    let per_job: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT job_id, count(DISTINCT token), count(*) FROM lease_jump GROUP BY job_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(per_job.len(), 2);
+    for (job, runs, writes) in per_job {
+        assert_eq!(runs, 1, "job {job} ran {runs} times: a lease lapsed");
+        assert_eq!(writes, 120, "job {job}'s run ended early");
+    }
 }
