@@ -220,7 +220,7 @@ impl Proxy {
                 let target = target.clone();
                 let mut down = state.subscribe();
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;
                     };
                     let (from_client, to_client) = inbound.into_split();
