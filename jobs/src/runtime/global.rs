@@ -154,6 +154,28 @@ pub(super) struct Taken {
     pub(super) more: Vec<String>,
 }
 
+impl From<Vec<LimitedRow>> for Taken {
+    fn from(rows: Vec<LimitedRow>) -> Self {
+        let mut taken = Taken {
+            rows: Vec::with_capacity(rows.len()),
+            cut: Vec::new(),
+            spare: Vec::new(),
+            held: Vec::new(),
+            more: Vec::new(),
+        };
+        for row in rows {
+            match row {
+                LimitedRow::Job(row) => taken.rows.push(row),
+                LimitedRow::Cut(kind, wait) => taken.cut.push((kind, wait)),
+                LimitedRow::Spare(kind) => taken.spare.push(kind),
+                LimitedRow::Held(kind) => taken.held.push(kind),
+                LimitedRow::More(kind) => taken.more.push(kind),
+            }
+        }
+        taken
+    }
+}
+
 /// One row of [`sql::CLAIM_LIMITED`]: a claimed job, or a kind's mark.
 enum LimitedRow {
     Job(ClaimRow),
@@ -245,31 +267,25 @@ pub(super) async fn claim(
     }
     tx.commit().await?;
     shared.claim_trip.record(sent.elapsed());
-    let mut taken = Taken {
-        rows: Vec::with_capacity(rows.len()),
-        cut: Vec::new(),
-        spare: Vec::new(),
-        held: Vec::new(),
-        more: Vec::new(),
-    };
-    for row in rows {
-        match row {
-            LimitedRow::Job(row) => taken.rows.push(row),
-            LimitedRow::Cut(kind, wait) => taken.cut.push((kind, wait)),
-            LimitedRow::Spare(kind) => taken.spare.push(kind),
-            LimitedRow::Held(kind) => taken.held.push(kind),
-            LimitedRow::More(kind) => taken.more.push(kind),
-        }
-    }
+    let mut taken = Taken::from(rows);
     ClaimRow::sent_at(&mut taken.rows, sent);
-    for row in &mut taken.rows {
+    within_margins(&mut taken.rows, asks, trip);
+    Ok(taken)
+}
+
+/// Gives each of `rows` of a kind with a rate the margin its claim logged.
+fn within_margins(
+    rows: &mut [ClaimRow],
+    asks: &[(&'static HandlerInfo, usize, Limit)],
+    trip: Duration,
+) {
+    for row in rows {
         let rate = asks
             .iter()
             .find(|(h, ..)| h.kind == row.kind)
             .and_then(|a| a.2.rate);
         row.start_within = rate.map(|r| start_margin(r, trip));
     }
-    Ok(taken)
 }
 
 /// [`sql::CLAIM_LIMITED`] for `asks`, in `tx`.
