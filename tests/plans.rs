@@ -22,7 +22,7 @@ struct Plain {
 }
 
 /// Handler runs, per test that enqueues `pl.job` (the tests of a binary share it).
-static RUNS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+static RUNS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 
 #[jobs::handler]
 async fn plain(job: Plain, _ctx: JobContext) -> Result<(), JobError> {
@@ -82,7 +82,21 @@ async fn a_runtime_started_on_a_table_vacuumed_empty_never_reads_it_whole(
     never_reads_it_whole(pool_opts, opts, 1).await;
 }
 
-/// The test above for the test `case` (0: the table never vacuumed, 1: vacuumed empty).
+/// As above, with the vacuum of the still-empty table after the runtime's first runs
+/// (autovacuum's first visit can come at any moment): every statement PostgreSQL kept a
+/// plan for is planned again at its next run, on statistics that say the table is
+/// empty. Planned there with sequential scans allowed (only a statement's first runs
+/// on a connection were planned without), the runtime read 57.7 million rows here.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_runtime_whose_table_is_vacuumed_empty_after_its_first_runs_never_reads_it_whole(
+    pool_opts: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    never_reads_it_whole(pool_opts, opts, 2).await;
+}
+
+/// The test above for the test `case` (0: the table never vacuumed, 1: vacuumed empty,
+/// 2: vacuumed empty once the runtime's statements kept their plans).
 async fn never_reads_it_whole(pool_opts: PgPoolOptions, opts: PgConnectOptions, case: usize) {
     let admin: PgPool = pool_opts.connect_with(opts.clone()).await.unwrap();
     sqlx::query("ALTER TABLE jobs SET (autovacuum_enabled = false)")
@@ -105,6 +119,12 @@ async fn never_reads_it_whole(pool_opts: PgPoolOptions, opts: PgConnectOptions, 
     // the next-due reads, the rescues.
     one_by_one(&admin, case, 10).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    if case == 2 {
+        // The runtime's statements have kept their plans; the statistics now change.
+        sqlx::query("VACUUM jobs").execute(&admin).await.unwrap();
+        one_by_one(&admin, case, 10).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
     let before = seq_tup_read(&admin).await;
 
     sqlx::query(

@@ -1185,7 +1185,7 @@ FROM ended e
 /// ended, in the lab; a plain scan marks them the first time, 0.4 ms after);
 /// `jobs_claim`, one range per priority, for the scan; the
 /// primary key for the update. Prepared, as the claims are, and planned without
-/// sequential scans until its plan is kept (`runtime::HeldConn`): sent unnamed, its
+/// sequential scans (`runtime::plan_by_index`): sent unnamed, its
 /// parse and plan took 0.8 ms of the 1 ms it spent on the server in W8. Its plan for
 /// any arrays costs more than one for arrays of one, so PostgreSQL plans it again at
 /// every run (0.4 ms): a hand-off of one claim goes as [`HAND_OFF_ONE`].
@@ -1414,10 +1414,10 @@ CROSS JOIN LATERAL (
 /// generic plan for a runtime of one or a few kinds, and PostgreSQL planned every call
 /// (W3 with one kind, `pg_stat_statements`: 411 plans in 410 calls, 0.25 ms of
 /// planning against 0.06 ms of execution; now 6 plans in 412 calls). The generic plan
-/// is the same nested loop of index probes. Its first runs on a connection are planned
-/// without sequential scans, as the claims' (`runtime::HeldConn`): on a table vacuumed
-/// while empty, the plan kept read the whole table for each kind and priority (8 ms a
-/// call at 100,000 rows, `tests/plans.rs`).
+/// is the same nested loop of index probes. It is planned without sequential scans, as
+/// the claims are (`runtime::plan_by_index`): on a table vacuumed while empty, the plan
+/// kept read the whole table for each kind and priority (8 ms a call at 100,000 rows,
+/// `tests/plans.rs`).
 pub(crate) const NEXT_DUE: &str = concat!(
     r#"
 WITH w AS MATERIALIZED (

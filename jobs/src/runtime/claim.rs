@@ -278,8 +278,8 @@ impl Ask {
         })
     }
 
-    /// Runs the claim on the producer's connection: its first runs of each statement
-    /// there without sequential scans ([`super::HeldConn`]).
+    /// Runs the claim on the producer's connection, planned by index
+    /// ([`super::HeldConn`]).
     pub(super) async fn fetch(
         &self,
         shared: &Shared,
@@ -295,7 +295,7 @@ impl Ask {
             .bind(&self.writers.0)
             .bind(&self.writers.1);
         let sent = Instant::now();
-        let rows = held.fetch_planned(self.statement, query).await?;
+        let rows = held.fetch(query).await?;
         let mut taken = Taken::read(&rows)?;
         ClaimRow::sent_at(&mut taken.rows, sent);
         Ok(taken)

@@ -214,27 +214,25 @@ async fn hand_off(
             leases.push(h.lease_ms);
         }
     }
-    let (statement, query) = if let [(kind, c, h)] = hand[..] {
-        let query = crate::pooler::query(sql::HAND_OFF_ONE)
+    let query = if let [(kind, c, h)] = hand[..] {
+        crate::pooler::query(sql::HAND_OFF_ONE)
             .bind(kind)
             .bind(h.limit)
             .bind(h.lease_ms)
             .bind(c.id)
-            .bind(c.token);
-        (sql::HAND_OFF_ONE, query)
+            .bind(c.token)
     } else {
         let ids: Vec<i64> = hand.iter().map(|(_, c, _)| c.id).collect();
         let tokens: Vec<Uuid> = hand.iter().map(|(_, c, _)| c.token).collect();
-        let query = crate::pooler::query(sql::HAND_OFF)
+        crate::pooler::query(sql::HAND_OFF)
             .bind(&kinds)
             .bind(&limits)
             .bind(&leases)
             .bind(ids)
-            .bind(tokens);
-        (sql::HAND_OFF, query)
+            .bind(tokens)
     };
     let sent = std::time::Instant::now();
-    let rows = conn.fetch_planned(statement, query.bind(runtime)).await?;
+    let rows = conn.fetch(query.bind(runtime)).await?;
     let mut on = HandedOn::default();
     let mut claimed = Vec::new();
     for row in &rows {

@@ -614,33 +614,41 @@ impl RunCounts {
     }
 }
 
-/// How many times each claim statement (and the idle runtime's next-due read) runs on a
-/// connection without sequential scans:
-/// PostgreSQL plans a prepared statement's first five runs for their parameters, and
-/// plans it once for all at the sixth (the generic plan, kept until the table's
-/// statistics change).
-pub(super) const PLANNED_RUNS: u32 = 6;
+/// Plans the statements of the runtime's connection `conn` without sequential scans
+/// (and without JIT) for as long as the connection lasts; not behind a transaction
+/// pooler, where a session's settings would reach other clients (there PostgreSQL plans
+/// as it will).
+///
+/// Planned by the table's size, the claim's update (`id = ANY(..)`) read the whole table
+/// whenever the runtime started on an empty one: a table of fewer than ten pages that
+/// was never vacuumed counts as ten pages, which a sequential scan reads more cheaply
+/// than ten probes, and PostgreSQL keeps the plan it makes at a prepared statement's
+/// sixth run until the table's statistics change (a vacuum or an analyze); with
+/// autovacuum off, or before its first pass, each claim read the whole table (20 ms per
+/// claim a minute into a run at 2,000 jobs/s under a held horizon). A vacuum of the
+/// table while it is still empty has every kept plan made again at its next run, on
+/// statistics that say the table is empty: with only each statement's first runs on a
+/// connection planned without sequential scans, the idle runtime's next-due read and
+/// the claims kept plans that read the whole table, once per kind and priority (48
+/// million rows read in `tests/plans.rs`). Every statement of the runtime reads `jobs`
+/// through an index. JIT is off with it: a plan that must keep a disabled scan (a small
+/// table read whole) carries a cost of about 10^10, which would compile it at each run.
+pub(crate) async fn plan_by_index(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    if crate::pooler::behind() {
+        return Ok(());
+    }
+    sqlx::raw_sql("SET enable_seqscan = off; SET jit = off")
+        .execute(conn)
+        .await
+        .map(drop)
+}
 
 /// A connection a task holds across its statements (a pool connection is pinged on every
-/// acquire, which would double a short statement's round trips), and how many times
-/// each claim statement ran on it: the producer's, and the completer's (its hand-offs
-/// claim, [`sql::HAND_OFF`]). A caller drops it (sets `None`) after an error.
-///
-/// The first runs of each claim statement (and of `sql::NEXT_DUE`, which also kept a
-/// plan that read the whole table, once per kind and priority, when autovacuum had
-/// vacuumed the table while it was empty) on a connection run with sequential scans off,
-/// so that the plan PostgreSQL keeps for it reads the rows the claim locked through the
-/// primary key. Planned by the table's size, the claim's update (`id = ANY(..)`) read
-/// the whole table whenever the runtime started on an empty one: a table of fewer than
-/// ten pages that was never vacuumed counts as ten pages, which a sequential scan reads
-/// more cheaply than ten probes. The plan then stays while the table grows, until its
-/// statistics change (a vacuum or an analyze); with autovacuum off, or before its first
-/// pass, each claim read the whole table (20 ms per claim a minute into a run at 2,000
-/// jobs/s under a held horizon). A plan made again after the statistics change sees the
-/// table's size.
+/// acquire, which would double a short statement's round trips): the producer's, and
+/// the completer's (its hand-offs claim, [`sql::HAND_OFF`]). A caller drops it (sets
+/// `None`) after an error. Its statements are planned by index ([`plan_by_index`]).
 pub(crate) struct HeldConn {
     pub(crate) conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
-    pub(super) runs: std::collections::HashMap<&'static str, u32>,
 }
 
 impl HeldConn {
@@ -650,35 +658,19 @@ impl HeldConn {
         db: &sqlx::PgPool,
     ) -> Result<&'a mut HeldConn, sqlx::Error> {
         if slot.is_none() {
-            *slot = Some(HeldConn {
-                conn: db.acquire().await?,
-                runs: std::collections::HashMap::new(),
-            });
+            let mut conn = db.acquire().await?;
+            plan_by_index(&mut conn).await?;
+            *slot = Some(HeldConn { conn });
         }
         Ok(slot.as_mut().expect("just set"))
     }
 
-    /// Runs `query`, of the statement `statement`: its first [`PLANNED_RUNS`] runs on
-    /// this connection in a transaction with sequential scans off, the others alone.
-    pub(super) async fn fetch_planned(
+    /// Runs `query` alone (in a transaction of its own behind a transaction pooler).
+    pub(super) async fn fetch(
         &mut self,
-        statement: &'static str,
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
-        let runs = self.runs.entry(statement).or_default();
-        *runs += 1;
-        if *runs <= PLANNED_RUNS && !crate::pooler::behind() {
-            let mut tx = sqlx::Connection::begin_with(
-                &mut *self.conn,
-                "BEGIN; SET LOCAL enable_seqscan = off",
-            )
-            .await?;
-            let rows = query.fetch_all(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(rows)
-        } else {
-            crate::pooler::alone!(&mut *self.conn, query, fetch_all).await
-        }
+        crate::pooler::alone!(&mut *self.conn, query, fetch_all).await
     }
 }
 

@@ -841,6 +841,7 @@ impl Producer {
             let begun = Instant::now();
             let query = async {
                 let mut conn = shared.db.acquire().await?;
+                super::plan_by_index(&mut conn).await?;
                 crate::pooler::alone!(
                     &mut *conn,
                     crate::pooler::query_as::<_, (String, i16, f64)>(sql::PROBE)
@@ -979,11 +980,10 @@ async fn next_due(
     let query = async {
         use sqlx::Row;
         let held = HeldConn::get(conn, &shared.db).await?;
-        // Its first runs planned as the claims' are (`HeldConn`): a plan made on a table
+        // Planned by index, as the claims are (`HeldConn`): a plan made on a table
         // vacuumed while empty read the whole table for each kind and priority.
         let rows = held
-            .fetch_planned(
-                sql::NEXT_DUE,
+            .fetch(
                 crate::pooler::query(sql::NEXT_DUE)
                     .bind(kinds)
                     .bind(window.as_secs_f64())
