@@ -233,3 +233,60 @@ async fn an_output_with_a_nul_fails_its_run_and_no_other_completion(pool: PgPool
         assert!(job.output.is_some());
     }
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "output.large", retain = "1h")]
+struct Large {
+    n: u32,
+}
+
+/// Near the limit: 900 KiB of one letter, the job's own.
+#[jobs::handler]
+async fn large(job: Large, _ctx: JobContext) -> Result<String, JobError> {
+    let letter = char::from(b'a' + (job.n % 26) as u8);
+    Ok(std::iter::repeat_n(letter, 900 * 1024).collect())
+}
+
+/// A hundred outputs near the limit, 88 MiB in all, complete together: the completer
+/// writes them in statements of at most 64 MiB of outputs each (one statement's outputs
+/// travel as one value, which PostgreSQL ends at 1 GB), and every one is stored, once,
+/// with its own job.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn outputs_near_the_limit_complete_together_each_with_its_job(pool: PgPool) {
+    let mut ids = Vec::new();
+    for n in 0..100 {
+        ids.push((n, Large { n }.enqueue(&pool).await.unwrap().id));
+    }
+    // A hundred handlers at once, so that their completions come in one round.
+    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+    let stopped = stop.clone();
+    let runtime = jobs::Runtime::new(pool.clone())
+        .kinds(["output.large"])
+        .concurrency(100);
+    let running = tokio::spawn(runtime.run_until(async move { stopped.notified().await }));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let done = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM jobs WHERE kind = 'output.large' AND state = 'done'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    while done().await < 100 {
+        assert!(std::time::Instant::now() < deadline, "timed out");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    stop.notify_one();
+    running.await.unwrap().unwrap();
+    for (n, id) in ids {
+        let job = admin::get(&pool, id).await.unwrap().unwrap();
+        assert_eq!(job.state, JobState::Done);
+        assert_eq!(job.attempts, 1, "job {id}'s first completion was written");
+        let letter = char::from(b'a' + (n % 26) as u8);
+        let output = job.output.expect("stored");
+        let text = output.as_str().expect("a string");
+        assert_eq!(text.len(), 900 * 1024);
+        assert!(text.chars().all(|c| c == letter), "job {id}'s own output");
+    }
+}

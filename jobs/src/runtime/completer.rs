@@ -135,37 +135,76 @@ pub(crate) async fn complete_batch(
         .iter()
         .filter(|c| !written.done.contains(&c.id))
         .collect();
-    if !rest.is_empty() {
-        let ids: Vec<i64> = rest.iter().map(|c| c.id).collect();
-        let tokens: Vec<Uuid> = rest.iter().map(|c| c.token).collect();
-        let every: Vec<Option<i64>> = rest.iter().map(|c| c.every_ms).collect();
-        let keep: Vec<bool> = rest.iter().map(|c| c.keep).collect();
-        // No array when no claim has an output (unnest pads it with NULLs).
-        let outputs: Vec<Option<&str>> = if rest.iter().any(|c| c.output.is_some()) {
-            rest.iter().map(|c| c.output.as_deref()).collect()
-        } else {
-            Vec::new()
-        };
-        let kept: Vec<(i64, bool, bool)> = crate::pooler::query_as(sql::COMPLETE_KEEP)
-            .persistent(false) // planned for its batch: see `sql::COMPLETE_DELETE`
-            .bind(&ids)
-            .bind(&tokens)
-            .bind(&every)
-            .bind(&keep)
-            .bind(&outputs)
-            .fetch_all(&mut *conn)
-            .await?;
-        for (id, done, held) in kept {
-            if done {
-                // Of a kind without history, only a re-run mark completes here.
-                written.again |= delete.iter().any(|c| c.id == id);
-                written.done.insert(id);
-            } else if held {
-                written.locked.insert(id);
-            }
-        }
+    for part in chunks_by(&rest, OUTPUT_BYTES_PER_STATEMENT, |c| {
+        c.output.as_ref().map_or(0, String::len)
+    }) {
+        keep_batch(conn, part, &delete, &mut written).await?;
     }
     Ok(written)
+}
+
+/// The most bytes of outputs one [`sql::COMPLETE_KEEP`] carries. Its outputs travel as
+/// one array, one value, and PostgreSQL refuses a value over 1 GB: a round of a
+/// thousand completions near [`crate::MAX_OUTPUT_BYTES`] failed as one, every job's
+/// completion of it with the others', at every retry.
+const OUTPUT_BYTES_PER_STATEMENT: usize = 64 << 20;
+
+/// `items` in order, cut into runs whose `size` adds up to at most `budget` (an item
+/// larger than that alone in its run).
+fn chunks_by<T>(items: &[T], budget: usize, size: impl Fn(&T) -> usize) -> Vec<&[T]> {
+    let mut chunks = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, item) in items.iter().enumerate() {
+        let n = size(item);
+        if i > start && bytes + n > budget {
+            chunks.push(&items[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += n;
+    }
+    if start < items.len() {
+        chunks.push(&items[start..]);
+    }
+    chunks
+}
+
+/// [`sql::COMPLETE_KEEP`] for `rest`, recorded in `written`; `delete`, the claims the
+/// delete was tried for.
+async fn keep_batch(
+    conn: &mut PgConnection,
+    rest: &[&Completion],
+    delete: &[&Completion],
+    written: &mut Written,
+) -> Result<(), sqlx::Error> {
+    let ids: Vec<i64> = rest.iter().map(|c| c.id).collect();
+    let tokens: Vec<Uuid> = rest.iter().map(|c| c.token).collect();
+    let every: Vec<Option<i64>> = rest.iter().map(|c| c.every_ms).collect();
+    let keep: Vec<bool> = rest.iter().map(|c| c.keep).collect();
+    // No array when no claim has an output (unnest pads it with NULLs).
+    let outputs: Vec<Option<&str>> = if rest.iter().any(|c| c.output.is_some()) {
+        rest.iter().map(|c| c.output.as_deref()).collect()
+    } else {
+        Vec::new()
+    };
+    let kept: Vec<(i64, bool, bool)> = crate::pooler::query_as(sql::COMPLETE_KEEP)
+        .persistent(false) // planned for its batch: see `sql::COMPLETE_DELETE`
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&every)
+        .bind(&keep)
+        .bind(&outputs)
+        .fetch_all(&mut *conn)
+        .await?;
+    for (id, done, held) in kept {
+        if done {
+            // Of a kind without history, only a re-run mark completes here.
+            written.again |= delete.iter().any(|c| c.id == id);
+            written.done.insert(id);
+        } else if held {
+            written.locked.insert(id);
+        }
+    }
+    Ok(())
 }
 
 /// One row of [`sql::HAND_OFF`]: a job claimed for a freed share, or a claim completed.
@@ -504,5 +543,32 @@ impl Completer {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunks_by;
+
+    #[test]
+    fn outputs_are_cut_into_statements_within_the_budget_in_order() {
+        let sizes = [40, 30, 0, 50, 120, 10, 10, 100];
+        let chunks = chunks_by(&sizes, 100, |n| *n);
+        assert_eq!(
+            chunks,
+            [
+                &[40, 30, 0][..],
+                &[50][..],
+                &[120][..],
+                &[10, 10][..],
+                &[100][..]
+            ]
+        );
+        assert_eq!(chunks.concat(), sizes, "each once, in order");
+        for chunk in &chunks {
+            assert!(chunk.len() == 1 || chunk.iter().sum::<usize>() <= 100);
+        }
+        assert!(chunks_by(&[] as &[usize], 100, |n| *n).is_empty());
+        assert_eq!(chunks_by(&[0, 0, 0], 0, |n| *n), [&[0, 0, 0][..]]);
     }
 }
