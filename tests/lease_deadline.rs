@@ -184,16 +184,7 @@ async fn taken_over_after<J: Job>(
                 .unwrap()
             };
             let before = leases().await;
-            wait_until("a renewal waits mid-statement", || async {
-                sqlx::query_scalar::<_, i64>(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-                )
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-                    > 0
-            })
-            .await;
+            common::wait_for_advisory_lock(&pool, "a renewal waits mid-statement").await;
             proxy.cut();
             sqlx::query("SELECT pg_advisory_unlock(4242)")
                 .execute(&mut *holder)

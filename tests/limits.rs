@@ -1417,16 +1417,7 @@ async fn a_claim_that_waited_for_the_kinds_lock_starts_what_it_took(pool: PgPool
         .await
         .unwrap();
     let rt = Running::start(runtime(&pool, &["limits.rate_lock_wait"]));
-    wait_until("the runtime's claim waits for the lock", || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-            > 0
-    })
-    .await;
+    common::wait_for_advisory_lock(&pool, "the runtime's claim waits for the lock").await;
     tokio::time::sleep(Duration::from_millis(180)).await;
     sqlx::query("SELECT pg_advisory_unlock($1, hashtext($2))")
         .bind(0x6a6f_6273_i32)

@@ -180,6 +180,21 @@ pub async fn prepare_generic(
         .unwrap();
 }
 
+/// Waits until a session of `pool`'s database waits for an advisory lock (`what` says
+/// whose).
+pub async fn wait_for_advisory_lock(pool: &PgPool, what: &str) {
+    wait_until(what, || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+}
+
 /// A TCP proxy to PostgreSQL that the test can cut (dropping every connection and
 /// refusing new ones), silence (dropping every connection, and holding each new one
 /// open without a word, for good) and restore; started with a delay, it passes every
