@@ -53,6 +53,28 @@ async fn other(_job: Other, _ctx: JobContext) -> Result<(), JobError> {
     Ok(())
 }
 
+/// Other kinds of their own for the tests whose handlers enqueue one at the same moment
+/// of their runs: a process sends one notification per kind every few milliseconds, and
+/// under `cargo test` a file's tests share one process (one test's enqueue took the
+/// other's notification, and its job waited for the hourly poll).
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.snooze_other")]
+struct SnoozeOther {}
+
+#[jobs::handler]
+async fn snooze_other(_job: SnoozeOther, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "pk.rerun_other")]
+struct RerunOther {}
+
+#[jobs::handler]
+async fn rerun_other(_job: RerunOther, _ctx: JobContext) -> Result<(), JobError> {
+    Ok(())
+}
+
 async fn setup(pool: &PgPool) {
     sqlx::query(
         "CREATE TABLE started (n bigint, at timestamptz NOT NULL DEFAULT clock_timestamp())",
@@ -682,7 +704,7 @@ struct SnoozeOnce {}
 async fn snooze_once(_job: SnoozeOnce, ctx: JobContext) -> Result<(), JobError> {
     if !SNOOZED.swap(true, Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        Other {}.enqueue(ctx.pool()).await?;
+        SnoozeOther {}.enqueue(ctx.pool()).await?;
         return Err(JobError::snooze(Duration::ZERO));
     }
     Ok(())
@@ -702,7 +724,7 @@ async fn snooze_once(_job: SnoozeOnce, ctx: JobContext) -> Result<(), JobError> 
 async fn a_job_snoozed_without_delay_runs_at_once_though_its_kind_turned_quiet(pool: PgPool) {
     // Room for more than the jobs: each claim comes back short, and the runtime idles.
     let rt = Running::start(
-        runtime(&pool, &["pk.snooze", "pk.other"])
+        runtime(&pool, &["pk.snooze", "pk.snooze_other"])
             .concurrency(10)
             .poll_interval(Duration::from_secs(3600)),
     );
@@ -714,7 +736,7 @@ async fn a_job_snoozed_without_delay_runs_at_once_though_its_kind_turned_quiet(p
     })
     .await;
     assert_eq!(
-        live_of(&pool, "pk.other").await,
+        live_of(&pool, "pk.snooze_other").await,
         0,
         "the other kind's job ran"
     );
@@ -737,7 +759,7 @@ async fn rerun_once(job: RerunOnce, ctx: JobContext) -> Result<(), JobError> {
     if RERUNS.fetch_add(1, Ordering::SeqCst) == 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
         RerunOnce { key: job.key }.enqueue(ctx.pool()).await?;
-        Other {}.enqueue(ctx.pool()).await?;
+        RerunOther {}.enqueue(ctx.pool()).await?;
     }
     Ok(())
 }
@@ -749,7 +771,7 @@ async fn rerun_once(job: RerunOnce, ctx: JobContext) -> Result<(), JobError> {
 #[sqlx::test(migrator = "jobs::MIGRATOR")]
 async fn a_job_marked_for_a_rerun_runs_again_at_once_though_its_kind_turned_quiet(pool: PgPool) {
     let rt = Running::start(
-        runtime(&pool, &["pk.rerun", "pk.other"])
+        runtime(&pool, &["pk.rerun", "pk.rerun_other"])
             .concurrency(10)
             .poll_interval(Duration::from_secs(3600)),
     );
