@@ -995,6 +995,61 @@ async fn a_trigger_that_changes_a_running_jobs_partition_does_not_free_it(pool: 
     );
 }
 
+#[derive(Job, Serialize, Deserialize)]
+#[job(
+    kind = "limits.rekeyed",
+    key = "id",
+    global_concurrency = 1,
+    partition = "tenant"
+)]
+struct Rekeyed {
+    id: String,
+    tenant: String,
+    ms: u64,
+}
+
+/// Starts (true) and ends (false) of `limits.rekeyed`'s handlers, by tenant.
+static REKEYED: std::sync::Mutex<Vec<(String, bool)>> = std::sync::Mutex::new(Vec::new());
+
+#[jobs::handler]
+async fn rekeyed(job: Rekeyed, _ctx: JobContext) -> Result<(), JobError> {
+    logged(&REKEYED, job.tenant, job.ms).await;
+    Ok(())
+}
+
+/// A running job whose payload a trigger changed, back to pending for its next run, is
+/// ranked in the partition of its new payload, not the one stamped before: job `k1` of
+/// tenant `a` runs; a trigger of `k1` for tenant `b` marks it to run again, and `k3` of
+/// tenant `b` starts beside it and runs on after `k1`'s first run ends. Its next run,
+/// `b`'s, waits for `k3`. (A claim that ranked pending rows by a partition stamped on
+/// the row before, at its enqueue or its first claim, would start it at once: two of
+/// `b` at once.)
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn a_job_whose_next_run_changed_partition_is_ranked_in_the_new_one(pool: PgPool) {
+    let job = |id: &str, tenant: &str, ms| Rekeyed {
+        id: id.into(),
+        tenant: tenant.into(),
+        ms,
+    };
+    job("k1", "a", 600).enqueue(&pool).await.unwrap();
+    let running = Running::start(runtime(&pool, &["limits.rekeyed"]));
+    wait_until("k1 runs", || async { !REKEYED.lock().unwrap().is_empty() }).await;
+    job("k1", "b", 10).enqueue(&pool).await.unwrap();
+    job("k3", "b", 2_000).enqueue(&pool).await.unwrap();
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.rekeyed").await == 0
+    })
+    .await;
+    running.stop().await;
+    let log = REKEYED.lock().unwrap().clone();
+    assert_eq!(log.len(), 6, "three runs: {log:?}");
+    assert_eq!(
+        most_per_tenant(&REKEYED),
+        1,
+        "two jobs of a tenant at once: {log:?}"
+    );
+}
+
 /// The partitioned claim of a kind with no jobs reads a few blocks beside another
 /// kind's backlog, in the generic plan a prepared statement switches to: its recheck of
 /// the rows it locks (still pending, still due) was answered from `jobs_claim`, every

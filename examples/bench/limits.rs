@@ -105,13 +105,21 @@ async fn backlog_free(job: BacklogFree, _ctx: JobContext) -> Result<(), JobError
 /// tenants, one runtime of concurrency 10; when the small tenants' jobs start, counted
 /// from the end of their enqueue (p50, p99), for the kind limited to one per tenant,
 /// the same without the backlog (what a partition costs by itself), and its twin
-/// without limits, in the same run.
+/// without limits, in the same run (`JOBS_BENCH_W8B`: those of `limited`, `limited, no
+/// backlog` and `unlimited` it lists, separated by commas).
 pub async fn run_backlog(runs: usize) {
-    for (kind, limited, backlog) in [
-        ("bench.backlog", true, 2_000),
-        ("bench.backlog", true, 0),
-        ("bench.backlog_free", false, 2_000),
+    let only = std::env::var("JOBS_BENCH_W8B").ok();
+    for (kind, limited, backlog, name) in [
+        ("bench.backlog", true, 2_000, "limited"),
+        ("bench.backlog", true, 0, "limited, no backlog"),
+        ("bench.backlog_free", false, 2_000, "unlimited"),
     ] {
+        if only
+            .as_deref()
+            .is_some_and(|only| !only.split(',').any(|o| o == name))
+        {
+            continue;
+        }
         let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
         for _ in 0..runs {
             let pool = super::fresh_database(12).await;
@@ -155,11 +163,6 @@ pub async fn run_backlog(runs: usize) {
             p50s.push(waits[waits.len() / 2]);
             p99s.push(waits[waits.len() * 99 / 100]);
         }
-        let name = match (limited, backlog) {
-            (true, 0) => "limited, no backlog",
-            (true, _) => "limited",
-            (false, _) => "unlimited",
-        };
         super::report(
             &format!("W8b small tenants' start p50, {name}"),
             "ms",
