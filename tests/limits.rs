@@ -1547,3 +1547,92 @@ async fn a_runtime_of_a_distant_database_starts_the_jobs_of_a_rated_kind(pool: P
         assert!(within <= 4, "{within} starts within a second of start {i}");
     }
 }
+
+#[derive(Job, Serialize, Deserialize)]
+#[job(kind = "limits.announced", global_concurrency = 8)]
+struct Announced {}
+
+#[jobs::handler]
+async fn announced(_job: Announced, _ctx: JobContext) -> Result<(), JobError> {
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    Ok(())
+}
+
+/// The notifications of `limits.announced` heard until none comes for 300 ms.
+async fn heard(listener: &mut sqlx::postgres::PgListener) -> usize {
+    let mut n = 0;
+    while let Ok(Ok(notification)) =
+        tokio::time::timeout(Duration::from_millis(300), listener.recv()).await
+    {
+        n += usize::from(notification.payload() == "limits.announced");
+    }
+    n
+}
+
+/// Enqueues 40 jobs of `limits.announced`, due in `delay`.
+async fn forty_announced(pool: &PgPool, delay: Duration) {
+    let mut batch = EnqueueBatch::new();
+    for _ in 0..40 {
+        batch
+            .push_with(&Announced {}, jobs::EnqueueOptions::new().delay(delay))
+            .unwrap();
+    }
+    batch.enqueue(pool).await.unwrap();
+}
+
+/// A runtime tells the others of the free shares of a limited kind that it does not
+/// take (a claim that took all it asked while more shares were free), by a `NOTIFY`
+/// of the kind, only while another live runtime claims the kind: alone it sends none
+/// (each woke only itself, at most of its claims); beside a second runtime of the kind
+/// (seen at its next presence round), it does again.
+#[sqlx::test(migrator = "jobs::MIGRATOR")]
+async fn free_shares_are_announced_only_while_another_runtime_claims_the_kind(pool: PgPool) {
+    // Due after the runtime's first presence round, their enqueue's own notification
+    // sent before anyone listens.
+    forty_announced(&pool, Duration::from_secs(3)).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .unwrap();
+    listener.listen("jobs").await.unwrap();
+    let runtimes_seen = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobs_runtimes")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let first =
+        Running::start(runtime(&own_pool(&pool).await, &["limits.announced"]).concurrency(2));
+    wait_until("the runtime registered", || async {
+        runtimes_seen().await == 1
+    })
+    .await;
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.announced").await == 0
+    })
+    .await;
+    assert_eq!(
+        heard(&mut listener).await,
+        0,
+        "a runtime alone announced its free shares"
+    );
+    let second =
+        Running::start(runtime(&own_pool(&pool).await, &["limits.announced"]).concurrency(2));
+    wait_until("the second runtime registered", || async {
+        runtimes_seen().await == 2
+    })
+    .await;
+    // The first runtime's next presence round sees the second (every 5 s).
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    forty_announced(&pool, Duration::ZERO).await;
+    wait_until("every job ran", || async {
+        common::count_kind(&pool, "limits.announced").await == 0
+    })
+    .await;
+    let n = heard(&mut listener).await;
+    assert!(
+        n >= 3,
+        "{n} notifications with two runtimes of the kind: the enqueue's, and free shares announced"
+    );
+    first.stop().await;
+    second.stop().await;
+}

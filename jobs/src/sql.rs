@@ -1205,7 +1205,10 @@ pub(crate) const HAND_OFF_ONE: &str = hand_off!(
 
 /// Tells every listening runtime that a share of each kind in `$1` (kinds with a global
 /// limit) is free: a claim of the kind that found no free share waits for this, not
-/// for the poll interval.
+/// for the poll interval. Sent only for kinds another live runtime claims
+/// ([`RUNTIME_SEEN`]): a runtime alone with its kinds woke only itself, at most of its
+/// claims of a limited kind (140 notifications in a run of W8b, each taking the
+/// database's notification lock at its commit).
 pub(crate) const NOTIFY_FREED: &str =
     "SELECT count(pg_notify('jobs', k))::int FROM unnest($1::text[]) AS k";
 
@@ -1909,13 +1912,23 @@ SELECT kind, false, concurrency, rate_starts, rate_ms FROM jobs_limits
 "#;
 
 /// Registers runtime `$1` (name `$2`, host `$3`, process `$4`, version `$5`, kinds `$6`,
-/// concurrency `$7`), or marks it seen now: the runtime runs it at start and every few
-/// seconds, so a row removed as stale (an outage longer than the limit) comes back.
-/// Index: the primary key of `jobs_runtimes`.
+/// concurrency `$7`, declared limits `$8`), or marks it seen now: the runtime runs it at
+/// start and every few seconds, so a row removed as stale (an outage longer than the
+/// limit) comes back. Returns the kinds of `$6` that another runtime seen within the
+/// last `$9` ms claims: those whose free shares this one announces
+/// ([`NOTIFY_FREED`]). Index: the primary key of `jobs_runtimes` for the upsert; the
+/// read scans the table, a row per runtime.
 pub(crate) const RUNTIME_SEEN: &str = r#"
-INSERT INTO jobs_runtimes (id, name, host, pid, version, kinds, concurrency, limits)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (id) DO UPDATE SET last_seen = now()
+WITH seen AS (
+    INSERT INTO jobs_runtimes (id, name, host, pid, version, kinds, concurrency, limits)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (id) DO UPDATE SET last_seen = now()
+)
+SELECT coalesce(array_agg(DISTINCT k.kind), '{}'::text[])
+FROM jobs_runtimes r
+CROSS JOIN LATERAL unnest(r.kinds) AS k(kind)
+WHERE r.id <> $1 AND r.last_seen > now() - $9 * interval '1 millisecond'
+  AND k.kind = ANY($6::text[])
 "#;
 
 /// Removes runtime `$1`'s row at a clean shutdown. Index: the primary key.

@@ -346,6 +346,9 @@ pub(crate) struct Freed {
     here: Mutex<HashSet<&'static str>>,
     /// Kinds with shares free that this runtime does not take, to announce.
     others: Mutex<HashSet<&'static str>>,
+    /// The kinds of this runtime that other live runtimes claim, as the last presence
+    /// round read them (`sql::RUNTIME_SEEN`); `None` until one has: every kind.
+    pub(super) listened: Mutex<Option<HashSet<String>>>,
     /// The producer's wake-up.
     pub(super) wake: Arc<super::Wake>,
     /// The announcer's.
@@ -362,6 +365,7 @@ impl Freed {
         Freed {
             here: Mutex::default(),
             others: Mutex::default(),
+            listened: Mutex::default(),
             wake,
             signal: Notify::new(),
             handed: Mutex::new(Some(Vec::new())),
@@ -414,18 +418,23 @@ impl Freed {
 }
 
 /// Tells every other runtime of the shares [`Freed::tell`] collects, by a `NOTIFY` on
-/// each kind ([`sql::NOTIFY_FREED`]). Behind a transaction pooler no runtime listens:
-/// the others see the share free at their next poll.
+/// each kind ([`sql::NOTIFY_FREED`]) that another live runtime claims, as the last
+/// presence round saw them (a runtime that started since hears of free shares at its
+/// next poll until the round after its start, a few seconds). Behind a transaction
+/// pooler no runtime listens: the others see the share free at their next poll.
 pub(super) async fn announce(shared: Arc<Shared>) {
     loop {
         shared.freed.signal.notified().await;
-        let kinds: Vec<&'static str> = shared
+        let mut kinds: Vec<&'static str> = shared
             .freed
             .others
             .lock()
             .expect("lock poisoned")
             .drain()
             .collect();
+        if let Some(listened) = &*shared.freed.listened.lock().expect("lock poisoned") {
+            kinds.retain(|kind| listened.contains(*kind));
+        }
         if kinds.is_empty() || crate::pooler::behind() {
             continue;
         }

@@ -14,6 +14,10 @@ use crate::sql;
 /// How often a runtime marks itself seen.
 const SEEN_EVERY: Duration = Duration::from_secs(5);
 
+/// A runtime seen within this long is live, for the announcements of free shares
+/// (`global::announce`): three rounds.
+const LIVE_WITHIN: Duration = Duration::from_secs(15);
+
 /// Rows of runtimes not seen for this long are removed.
 pub(crate) const STALE_AFTER: Duration = Duration::from_secs(600);
 
@@ -82,7 +86,7 @@ pub(super) async fn run(shared: Arc<Shared>, me: Registration) {
     loop {
         let seen = crate::pooler::alone!(
             &shared.db,
-            crate::pooler::query(sql::RUNTIME_SEEN)
+            crate::pooler::query_scalar::<_, Vec<String>>(sql::RUNTIME_SEEN)
                 .bind(me.id)
                 .bind(me.name.as_deref())
                 .bind(&me.host)
@@ -90,13 +94,18 @@ pub(super) async fn run(shared: Arc<Shared>, me: Registration) {
                 .bind(env!("CARGO_PKG_VERSION"))
                 .bind(&me.kinds)
                 .bind(me.concurrency)
-                .bind(&me.limits),
-            execute
+                .bind(&me.limits)
+                .bind(millis(LIVE_WITHIN)),
+            fetch_one
         );
-        if let Err(e) =
-            super::answer_within(shared.answer_within, "the runtime's presence", seen).await
-        {
-            tracing::debug!(error = %crate::error::server_message(&e), "cannot mark this runtime seen");
+        match super::answer_within(shared.answer_within, "the runtime's presence", seen).await {
+            Ok(kinds) => {
+                *shared.freed.listened.lock().expect("lock poisoned") =
+                    Some(kinds.into_iter().collect());
+            }
+            Err(e) => {
+                tracing::debug!(error = %crate::error::server_message(&e), "cannot mark this runtime seen");
+            }
         }
         if last_stale.is_none_or(|at| at.elapsed() >= STALE_EVERY) {
             last_stale = Some(std::time::Instant::now());
