@@ -976,22 +976,37 @@ async fn a_trigger_that_changes_a_running_jobs_partition_does_not_free_it(pool: 
         tenant: tenant.into(),
         ms,
     };
-    job("k1", "a", 500).enqueue(&pool).await.unwrap();
-    let running = Running::start(runtime(&pool, &["limits.keyed"]));
-    wait_until("k1 runs", || async { !KEYED.lock().unwrap().is_empty() }).await;
-    job("k1", "b", 10).enqueue(&pool).await.unwrap();
-    job("k2", "a", 10).enqueue(&pool).await.unwrap();
+    a_trigger_then(&pool, "limits.keyed", &KEYED, job, 500, ("k2", "a", 10)).await;
+}
+
+/// Runs three jobs of `kind` (keyed by `id`, limited to one per tenant; `log` is its
+/// handlers' log): `k1` of tenant `a` for `first_ms`; once it runs, a trigger of `k1`
+/// for tenant `b` (its next run, 10 ms) and then `third` (id, tenant, ms). Checks, once
+/// every job ran, that there were three runs and never two of a tenant at once.
+async fn a_trigger_then<J: Job>(
+    pool: &PgPool,
+    kind: &'static str,
+    log: &std::sync::Mutex<Vec<(String, bool)>>,
+    job: impl Fn(&str, &str, u64) -> J,
+    first_ms: u64,
+    third: (&str, &str, u64),
+) {
+    job("k1", "a", first_ms).enqueue(pool).await.unwrap();
+    let running = Running::start(runtime(pool, &[kind]));
+    wait_until("k1 runs", || async { !log.lock().unwrap().is_empty() }).await;
+    job("k1", "b", 10).enqueue(pool).await.unwrap();
+    job(third.0, third.1, third.2).enqueue(pool).await.unwrap();
     wait_until("every job ran", || async {
-        common::count_kind(&pool, "limits.keyed").await == 0
+        common::count_kind(pool, kind).await == 0
     })
     .await;
     running.stop().await;
-    let log = KEYED.lock().unwrap().clone();
-    assert_eq!(log.len(), 6, "three runs: {log:?}");
+    let runs = log.lock().unwrap().clone();
+    assert_eq!(runs.len(), 6, "three runs: {runs:?}");
     assert_eq!(
-        most_per_tenant(&KEYED),
+        most_per_tenant(log),
         1,
-        "two jobs of a tenant at once: {log:?}"
+        "two jobs of a tenant at once: {runs:?}"
     );
 }
 
@@ -1031,23 +1046,15 @@ async fn a_job_whose_next_run_changed_partition_is_ranked_in_the_new_one(pool: P
         tenant: tenant.into(),
         ms,
     };
-    job("k1", "a", 600).enqueue(&pool).await.unwrap();
-    let running = Running::start(runtime(&pool, &["limits.rekeyed"]));
-    wait_until("k1 runs", || async { !REKEYED.lock().unwrap().is_empty() }).await;
-    job("k1", "b", 10).enqueue(&pool).await.unwrap();
-    job("k3", "b", 2_000).enqueue(&pool).await.unwrap();
-    wait_until("every job ran", || async {
-        common::count_kind(&pool, "limits.rekeyed").await == 0
-    })
+    a_trigger_then(
+        &pool,
+        "limits.rekeyed",
+        &REKEYED,
+        job,
+        600,
+        ("k3", "b", 2_000),
+    )
     .await;
-    running.stop().await;
-    let log = REKEYED.lock().unwrap().clone();
-    assert_eq!(log.len(), 6, "three runs: {log:?}");
-    assert_eq!(
-        most_per_tenant(&REKEYED),
-        1,
-        "two jobs of a tenant at once: {log:?}"
-    );
 }
 
 /// The partitioned claim of a kind with no jobs reads a few blocks beside another
