@@ -1628,8 +1628,9 @@ async fn free_shares_are_announced_only_while_another_runtime_claims_the_kind(po
         runtimes_seen().await == 2
     })
     .await;
-    // The first runtime's next presence round sees the second (every 5 s).
-    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    // The first runtime's next presence round sees the second (every 5 s): from then on
+    // it announces the shares it does not take (the second takes few jobs of its own).
+    tokio::time::sleep(Duration::from_secs(6)).await;
     forty_announced(&pool, Duration::ZERO).await;
     wait_until("every job ran", || async {
         common::count_kind(&pool, "limits.announced").await == 0

@@ -1207,7 +1207,7 @@ pub(crate) const HAND_OFF_ONE: &str = hand_off!(
 /// limit) is free: a claim of the kind that found no free share waits for this, not
 /// for the poll interval. Sent only for kinds another live runtime claims
 /// ([`RUNTIME_SEEN`]): a runtime alone with its kinds woke only itself, at most of its
-/// claims of a limited kind (140 notifications in a run of W8b, each taking the
+/// claims of a limited kind (69 of these statements in a run of W8b, each taking the
 /// database's notification lock at its commit).
 pub(crate) const NOTIFY_FREED: &str =
     "SELECT count(pg_notify('jobs', k))::int FROM unnest($1::text[]) AS k";

@@ -348,7 +348,7 @@ pub(crate) struct Freed {
     others: Mutex<HashSet<&'static str>>,
     /// The kinds of this runtime that other live runtimes claim, as the last presence
     /// round read them (`sql::RUNTIME_SEEN`); `None` until one has: every kind.
-    pub(super) listened: Mutex<Option<HashSet<String>>>,
+    pub(super) claimed_elsewhere: Mutex<Option<HashSet<String>>>,
     /// The producer's wake-up.
     pub(super) wake: Arc<super::Wake>,
     /// The announcer's.
@@ -365,7 +365,7 @@ impl Freed {
         Freed {
             here: Mutex::default(),
             others: Mutex::default(),
-            listened: Mutex::default(),
+            claimed_elsewhere: Mutex::default(),
             wake,
             signal: Notify::new(),
             handed: Mutex::new(Some(Vec::new())),
@@ -432,8 +432,13 @@ pub(super) async fn announce(shared: Arc<Shared>) {
             .expect("lock poisoned")
             .drain()
             .collect();
-        if let Some(listened) = &*shared.freed.listened.lock().expect("lock poisoned") {
-            kinds.retain(|kind| listened.contains(*kind));
+        if let Some(claimed_elsewhere) = &*shared
+            .freed
+            .claimed_elsewhere
+            .lock()
+            .expect("lock poisoned")
+        {
+            kinds.retain(|kind| claimed_elsewhere.contains(*kind));
         }
         if kinds.is_empty() || crate::pooler::behind() {
             continue;

@@ -100,8 +100,11 @@ pub(super) async fn run(shared: Arc<Shared>, me: Registration) {
         );
         match super::answer_within(shared.answer_within, "the runtime's presence", seen).await {
             Ok(kinds) => {
-                *shared.freed.listened.lock().expect("lock poisoned") =
-                    Some(kinds.into_iter().collect());
+                *shared
+                    .freed
+                    .claimed_elsewhere
+                    .lock()
+                    .expect("lock poisoned") = Some(kinds.into_iter().collect());
             }
             Err(e) => {
                 tracing::debug!(error = %crate::error::server_message(&e), "cannot mark this runtime seen");
